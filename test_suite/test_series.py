@@ -1,0 +1,430 @@
+"""Tests of scripts.series on small temporary repositories, fake wheels and fake venvs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from scripts import series as S
+
+from .conftest import BASE_FILES, FAKE_COMMIT, edit, git, install_wheel, make_wheel, numbered, tree_hashes
+
+
+def snapshot(layout: S.Layout) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(layout.patches.iterdir())}
+
+
+# --------------------------------------------------------------------------- workspace / export
+
+
+def test_series_fixture_has_normalized_patches(series_layout: S.Layout) -> None:
+    names = S.series_names(series_layout.patches)
+    assert names == ["0001-dynamo-add-record_call_hierarchy-config.patch", "0002-fx-mark-node-meta.patch",
+                     "0003-Add-torch.fx.call_hierarchy.patch"]
+    text = (series_layout.patches / names[0]).read_text()
+    assert text.startswith("From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001\n")
+    assert "Subject: [PATCH] [dynamo] add record_call_hierarchy config" in text
+    assert "\n-- \n" not in text  # no signature carrying the git version
+    assert " 1 file changed" not in text  # no diffstat
+    assert any(len(line.split()[1].split("..")[1]) == 40 for line in text.splitlines() if line.startswith("index "))
+
+
+def test_round_trip_is_byte_identical(series_layout: S.Layout) -> None:
+    root = series_layout.root
+    git(root, "init", "-q", "-b", "main")
+    (root / ".gitignore").write_text((S.REPO_ROOT / ".gitignore").read_text())
+    git(root, "add", "patches", ".gitignore")
+    git(root, "commit", "-qm", "series")
+    before = snapshot(series_layout)
+    S.build_workspace(series_layout, force=True)  # re-import with git am, one commit per patch
+    log = git(series_layout.workspace, "log", "--format=%s", "base..HEAD").splitlines()
+    assert log == ["Add torch.fx.call_hierarchy", "[fx] mark node meta", "[dynamo] add record_call_hierarchy config"]
+    S.export(series_layout)
+    assert snapshot(series_layout) == before
+    assert git(root, "status", "--porcelain") == ""
+
+
+def test_workspace_baseline_is_reproducible(layout: S.Layout) -> None:
+    first = git(S.build_workspace(layout), "rev-parse", "base").strip()
+    second = git(S.build_workspace(layout, force=True), "rev-parse", "base").strip()
+    assert first == second
+    assert not (layout.workspace / "torch/lib/libtorch_fake.so").exists()  # binaries are skipped
+    assert git(layout.workspace, "config", "series.upstream").strip() == FAKE_COMMIT
+
+
+def test_export_refuses_uncommitted_edits(series_layout: S.Layout) -> None:
+    before = snapshot(series_layout)
+    ws = series_layout.workspace
+    edit(ws / "torch/fx/node.py", "node_5 = 5\n", "node_5 = 6\n")
+    with pytest.raises(S.SeriesError, match="(?s)uncommitted changes.*torch/fx/node.py"):
+        S.export(series_layout)
+    (ws / "torch/fx/new.py").write_text("x = 1\n")
+    git(ws, "checkout", "torch/fx/node.py")
+    with pytest.raises(S.SeriesError, match="torch/fx/new.py"):  # untracked files count too
+        S.export(series_layout)
+    assert snapshot(series_layout) == before
+    assert (ws / "torch/fx/new.py").read_text() == "x = 1\n"
+
+
+def test_export_rewrites_list_and_removes_stale_patches(series_layout: S.Layout) -> None:
+    ws = series_layout.workspace
+    git(ws, "reset", "-q", "--hard", "HEAD~1")
+    edit(ws / "torch/fx/node.py", "node_12 = 12\n", "node_12 = 13\n")
+    git(ws, "commit", "-qa", "--fixup", "HEAD")
+    git(ws, "-c", "sequence.editor=true", "rebase", "-q", "-i", "--autosquash", "base")
+    S.export(series_layout)
+    names = ["0001-dynamo-add-record_call_hierarchy-config.patch", "0002-fx-mark-node-meta.patch"]
+    assert (series_layout.patches / ".patches").read_text() == "".join(n + "\n" for n in names)
+    assert sorted(p.name for p in series_layout.patches.glob("*.patch")) == names
+    assert "+node_12 = 13" in (series_layout.patches / names[1]).read_text()
+
+
+def test_workspace_refuses_to_replace_unexported_work(series_layout: S.Layout) -> None:
+    ws = series_layout.workspace
+    edit(ws / "torch/fx/node.py", "node_1 = 1\n", "node_1 = 2\n")
+    git(ws, "commit", "-qam", "unexported work")
+    with pytest.raises(S.SeriesError, match="not exported.*\n.*rm -rf") as err:
+        S.build_workspace(series_layout, force=True)
+    assert "scripts.series export" in str(err.value)
+    assert git(ws, "log", "-1", "--format=%s").strip() == "unexported work"
+    S.export(series_layout)
+    S.build_workspace(series_layout, force=True)  # exported: now safe to rebuild
+    assert git(ws, "log", "-1", "--format=%s").strip() == "unexported work"
+
+
+def test_workspace_requires_force_and_refuses_dirty(series_layout: S.Layout) -> None:
+    with pytest.raises(S.SeriesError, match="--force"):
+        S.build_workspace(series_layout)
+    (series_layout.workspace / "scratch.txt").write_text("notes")
+    with pytest.raises(S.SeriesError, match="uncommitted changes"):
+        S.build_workspace(series_layout, force=True)
+    assert (series_layout.workspace / "scratch.txt").read_text() == "notes"
+
+
+def test_empty_series_everywhere(layout: S.Layout, site_packages: Path, make_checkout) -> None:
+    S.build_workspace(layout)
+    assert S.export(layout) == []
+    assert (layout.patches / ".patches").read_text() == ""
+    checkout = make_checkout()
+    assert S.apply_to_checkout(layout, checkout) == 0
+    assert S.install(site_packages, [], "2.13.0").startswith("already installed")
+    assert S.install_state(site_packages, [], "2.13.0").state == "current"
+    assert not (site_packages / S.STAMP_DIR).exists()
+
+
+def test_series_list_must_match_files(series_layout: S.Layout) -> None:
+    (series_layout.patches / "0009-stray.patch").write_text("From x\n")
+    with pytest.raises(S.SeriesError, match="not listed.*0009-stray.patch"):
+        S.load_series(series_layout.patches)
+    (series_layout.patches / "0009-stray.patch").unlink()
+    (series_layout.patches / ".patches").write_text("0001-missing.patch\n")
+    with pytest.raises(S.SeriesError, match="lists 0001-missing.patch"):
+        S.series_names(series_layout.patches)
+
+
+# --------------------------------------------------------------------------- apply to a checkout
+
+
+def test_apply_then_apply_again_is_noop(series_layout: S.Layout, make_checkout, capsys) -> None:
+    checkout = make_checkout()
+    S.apply_to_checkout(series_layout, checkout)
+    head = git(checkout, "rev-parse", "HEAD")
+    assert git(checkout, "log", "--format=%s", "-3").splitlines()[0] == "Add torch.fx.call_hierarchy"
+    assert "record_call_hierarchy = False" in (checkout / "torch/_dynamo/config.py").read_text()
+    S.apply_to_checkout(series_layout, checkout)
+    assert "nothing to do" in capsys.readouterr().out
+    assert git(checkout, "rev-parse", "HEAD") == head
+
+
+def test_apply_finishes_a_partially_applied_series(series_layout: S.Layout, make_checkout) -> None:
+    checkout = make_checkout()
+    first = series_layout.patches / S.series_names(series_layout.patches)[0]
+    git(checkout, "am", "-q", "--3way", "--keep-non-patch", str(first))
+    S.apply_to_checkout(series_layout, checkout)
+    subjects = git(checkout, "log", "--format=%s").splitlines()
+    assert subjects.count("[dynamo] add record_call_hierarchy config") == 1
+    assert len(subjects) == 4
+
+
+def test_apply_refuses_dirty_checkout(series_layout: S.Layout, make_checkout) -> None:
+    checkout = make_checkout()
+    edit(checkout / "torch/fx/node.py", "node_3 = 3\n", "node_3 = 'my work'\n")
+    head = git(checkout, "rev-parse", "HEAD")
+    with pytest.raises(S.SeriesError, match="uncommitted changes.*commit or stash"):
+        S.apply_to_checkout(series_layout, checkout)
+    assert "node_3 = 'my work'" in (checkout / "torch/fx/node.py").read_text()
+    assert git(checkout, "rev-parse", "HEAD") == head
+
+
+def test_apply_conflict_leaves_recoverable_am_state(series_layout: S.Layout, make_checkout) -> None:
+    files = dict(BASE_FILES, **{"torch/fx/node.py": numbered("node").replace("node_10 = 10\n", "node_10 = 'upstream'\n")})
+    checkout = make_checkout(files=files)
+    (checkout / "untracked-notes.txt").write_text("keep me")
+    head = git(checkout, "rev-parse", "HEAD").strip()
+    with pytest.raises(S.SeriesConflict) as err:
+        S.apply_to_checkout(series_layout, checkout)
+    msg = str(err.value)
+    assert "patch 2/3 0002-fx-mark-node-meta.patch" in msg
+    assert "conflicted files: torch/fx/node.py" in msg
+    assert "am --continue" in msg and "am --abort" in msg
+    assert (checkout / ".git" / "rebase-apply").is_dir()
+    git(checkout, "am", "--abort")
+    assert git(checkout, "rev-parse", "HEAD").strip() == head
+    assert git(checkout, "status", "--porcelain", "--untracked-files=no") == ""
+    assert (checkout / "untracked-notes.txt").read_text() == "keep me"
+    with pytest.raises(S.SeriesConflict):  # again, then resolve by hand and continue
+        S.apply_to_checkout(series_layout, checkout)
+    (checkout / "torch/fx/node.py").write_text(files["torch/fx/node.py"].replace(
+        "node_10 = 'upstream'\n", "node_10 = 'upstream'  # call_hierarchy\n"))
+    git(checkout, "add", "torch/fx/node.py")
+    git(checkout, "am", "--continue")
+    assert git(checkout, "log", "-1", "--format=%s").strip() == "Add torch.fx.call_hierarchy"
+
+
+def test_apply_refuses_when_am_in_progress(series_layout: S.Layout, make_checkout) -> None:
+    files = dict(BASE_FILES, **{"torch/fx/node.py": numbered("node").replace("node_10 = 10\n", "x\n")})
+    checkout = make_checkout(files=files)
+    with pytest.raises(S.SeriesConflict):
+        S.apply_to_checkout(series_layout, checkout)
+    with pytest.raises(S.SeriesError, match="in progress"):
+        S.apply_to_checkout(series_layout, checkout)
+
+
+def truncate_mid_hunk(path: Path) -> None:
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text("".join(lines[:-2]))
+
+
+def truncate_mid_line(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[:-7])
+
+
+def garbage(path: Path) -> None:
+    path.write_text("this is not a patch\n")
+
+
+def empty(path: Path) -> None:
+    path.write_text("")
+
+
+@pytest.mark.parametrize("corrupt", [truncate_mid_hunk, truncate_mid_line, garbage, empty])
+def test_corrupt_patch_is_refused_and_nothing_changes(series_layout: S.Layout, make_checkout, site_packages: Path,
+                                                     corrupt) -> None:
+    name = S.series_names(series_layout.patches)[1]
+    corrupt(series_layout.patches / name)
+    checkout = make_checkout()
+    head = git(checkout, "rev-parse", "HEAD")
+    with pytest.raises(S.SeriesError, match=name):
+        S.apply_to_checkout(series_layout, checkout)
+    assert git(checkout, "rev-parse", "HEAD") == head
+    assert not (checkout / ".git" / "rebase-apply").exists()
+    before = tree_hashes(site_packages)
+    with pytest.raises(S.SeriesError, match=name):
+        S.install(site_packages, S.load_series(series_layout.patches), "2.13.0")
+    assert tree_hashes(site_packages) == before
+
+
+def test_patch_missing_a_whole_hunk_is_caught_by_blob_check(series_layout: S.Layout, site_packages: Path) -> None:
+    """A cut exactly between two hunks still parses; the full-index blob ids catch it."""
+    path = series_layout.patches / S.series_names(series_layout.patches)[0]
+    text = path.read_text()
+    path.write_text(text[: text.rindex("@@ -")])  # drop the second hunk of torch/_dynamo/config.py
+    before = tree_hashes(site_packages)
+    with pytest.raises(S.SeriesError, match="truncated or was edited by hand"):
+        S.install(site_packages, S.load_series(series_layout.patches), "2.13.0")
+    assert tree_hashes(site_packages) == before
+
+
+# --------------------------------------------------------------------------- install / status / revert
+
+
+def test_install_status_revert(series_layout: S.Layout, site_packages: Path) -> None:
+    series = S.load_series(series_layout.patches)
+    pristine = tree_hashes(site_packages)
+    assert S.install_state(site_packages, series, "2.13.0").state == "pristine"
+    assert S.install(site_packages, series, "2.13.0").startswith("installed series")
+    assert "record_call_hierarchy = False" in (site_packages / "torch/_dynamo/config.py").read_text()
+    assert (site_packages / "torch/fx/call_hierarchy.py").exists()
+    assert not (site_packages / "test").exists()  # upstream tests are not installed
+    assert S.install_state(site_packages, series, "2.13.0").state == "current"
+    installed = tree_hashes(site_packages)
+    assert S.install(site_packages, series, "2.13.0").startswith("already installed")
+    assert tree_hashes(site_packages) == installed
+    S.revert(site_packages, "2.13.0")
+    assert tree_hashes(site_packages) == pristine
+    record = S.record_hashes(site_packages / "torch-2.13.0+cpu.dist-info")
+    for rel in ("torch/_dynamo/config.py", "torch/fx/node.py", "torch/__init__.py"):
+        assert S.sha256_file(site_packages / rel) == record[rel]
+    assert S.install_state(site_packages, series, "2.13.0").state == "pristine"
+
+
+def test_stale_series_is_replaced(series_layout: S.Layout, site_packages: Path) -> None:
+    S.install(site_packages, S.load_series(series_layout.patches), "2.13.0")
+    ws = series_layout.workspace
+    git(ws, "reset", "-q", "--hard", "HEAD~1")  # drop 0003 (which added torch/fx/call_hierarchy.py)
+    S.export(series_layout)
+    series = S.load_series(series_layout.patches)
+    assert S.install_state(site_packages, series, "2.13.0").state == "stale"
+    S.install(site_packages, series, "2.13.0")
+    assert S.install_state(site_packages, series, "2.13.0").state == "current"
+    assert not (site_packages / "torch/fx/call_hierarchy.py").exists()
+    assert (site_packages / "torch/__init__.py").read_text() == BASE_FILES["torch/__init__.py"]
+
+
+def test_install_refuses_hand_edited_files(series_layout: S.Layout, site_packages: Path) -> None:
+    series = S.load_series(series_layout.patches)
+    S.install(site_packages, series, "2.13.0")
+    target = site_packages / "torch/fx/node.py"
+    target.write_text(target.read_text() + "# my debugging\n")
+    assert S.install_state(site_packages, series, "2.13.0").state == "modified"
+    with pytest.raises(S.SeriesError, match="torch/fx/node.py"):
+        S.install(site_packages, series, "2.13.0")
+    assert target.read_text().endswith("# my debugging\n")
+    assert "overwrote local edits to torch/fx/node.py" in S.revert(site_packages, "2.13.0")
+    assert target.read_text() == BASE_FILES["torch/fx/node.py"]
+
+
+def test_wrong_torch_version_is_refused_naming_both(series_layout: S.Layout, tmp_path: Path) -> None:
+    wheel = make_wheel(tmp_path / "other" / "torch-2.14.1-cp311-cp311-linux_x86_64.whl", "2.14.1", BASE_FILES)
+    sp = install_wheel(wheel, tmp_path / "venv214")
+    before = tree_hashes(sp)
+    for call in (lambda: S.install(sp, S.load_series(series_layout.patches), "2.13.0"),
+                 lambda: S.install_state(sp, [], "2.13.0"), lambda: S.revert(sp, "2.13.0")):
+        with pytest.raises(S.SeriesError, match=r"is 2\.14\.1, but the series is pinned to torch 2\.13\.0"):
+            call()
+    assert tree_hashes(sp) == before
+
+
+def test_cli_install_status_and_errors(series_layout: S.Layout, site_packages: Path) -> None:
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "scripts.series", "--repo-root", str(series_layout.root), *args],
+                              cwd=S.REPO_ROOT, capture_output=True, text=True)
+    sp = ["--site-packages", str(site_packages)]
+    assert cli("status", *sp).stdout.startswith("pristine")
+    assert cli("install", *sp).returncode == 0
+    assert cli("status", *sp).stdout.startswith("current")
+    assert cli("install", "--revert", *sp).returncode == 0
+    bad = cli("apply", str(series_layout.root / "no-such-checkout"))
+    assert bad.returncode == 2 and bad.stderr.startswith("error: ") and "not a git checkout" in bad.stderr
+    listed = cli("upstream-tests", "--list")
+    assert listed.stdout.split() == ["test/dynamo/test_fake_hierarchy.py"]
+
+
+# --------------------------------------------------------------------------- radar, upstream tests
+
+
+def test_radar_reports_clean_fuzz_and_conflict(series_layout: S.Layout, base_wheel: Path, tmp_path: Path) -> None:
+    target_files = dict(BASE_FILES)
+    target_files["torch/_dynamo/config.py"] = "# new header\n" * 5 + numbered("option")  # offsets only
+    target_files["torch/fx/node.py"] = numbered("node").replace("node_10 = 10\n", "node_10 = 'changed'\n")
+    target = make_wheel(tmp_path / "t" / "torch-2.14.1-cp311-cp311-linux_x86_64.whl", "2.14.1", target_files)
+    results = {name: (status, files) for name, status, files in
+               S.radar(S.load_series(series_layout.patches), base_wheel, target)}
+    assert results["0001-dynamo-add-record_call_hierarchy-config.patch"] == (
+        "fuzz (offsets in torch/_dynamo/config.py)", ["torch/_dynamo/config.py"])
+    assert results["0002-fx-mark-node-meta.patch"] == ("conflict", ["torch/fx/node.py"])
+    assert results["0003-Add-torch.fx.call_hierarchy.patch"][0] == "clean"
+    same = S.radar(S.load_series(series_layout.patches), base_wheel, base_wheel)
+    assert [status for _, status, _ in same] == ["clean"] * 3
+
+
+def test_radar_follows_files_the_series_creates(series_layout: S.Layout, base_wheel: Path) -> None:
+    ws = series_layout.workspace
+    edit(ws / "torch/fx/call_hierarchy.py", "HIERARCHY = []\n", "HIERARCHY: list[str] = []\n")
+    edit(ws / "test/dynamo/test_fake_hierarchy.py", "import unittest\n", "import unittest  # upstream\n")
+    git(ws, "commit", "-qam", "Type HIERARCHY")
+    S.export(series_layout)
+    results = S.radar(S.load_series(series_layout.patches), base_wheel, base_wheel)
+    assert results[-1] == ("0004-Type-HIERARCHY.patch", "clean",
+                           ["test/dynamo/test_fake_hierarchy.py", "torch/fx/call_hierarchy.py"])
+    assert len(results) == 4  # nothing reported as skipped
+
+
+def test_radar_three_way_merge_is_fuzz(series_layout: S.Layout, base_wheel: Path, tmp_path: Path) -> None:
+    target_files = dict(BASE_FILES)  # a change right next to the patched line: context differs, merge is clean
+    target_files["torch/_dynamo/config.py"] = numbered("option").replace("option_22 = 22\n", "option_22 = 'x'\n")
+    target = make_wheel(tmp_path / "t" / "torch-2.14.1-cp311-cp311-linux_x86_64.whl", "2.14.1", target_files)
+    results = S.radar(S.load_series(series_layout.patches), base_wheel, target)
+    assert results[0][1] == "fuzz (3-way merge)"
+
+
+def test_upstream_tests_run_against_installed_torch(series_layout: S.Layout, tmp_path: Path) -> None:
+    series = S.load_series(series_layout.patches)
+    assert S.upstream_test_files(series) == ["test/dynamo/test_fake_hierarchy.py"]
+    fake_torch = tmp_path / "fake_torch_site"
+    (fake_torch / "torch" / "_dynamo").mkdir(parents=True)
+    (fake_torch / "torch" / "__init__.py").write_text("__version__ = 'fake'\n")
+    config = fake_torch / "torch" / "_dynamo" / "config.py"
+    config.write_text("record_call_hierarchy = False\n")
+    python = tmp_path / "python"
+    python.write_text(f"#!/bin/sh\nPYTHONPATH={fake_torch} exec {sys.executable} \"$@\"\n")
+    python.chmod(0o755)
+    assert S.run_upstream_tests(series, python, None, []) == 0
+    config.write_text("record_call_hierarchy = True\n")
+    assert S.run_upstream_tests(series, python, None, []) == 1
+
+
+# --------------------------------------------------------------------------- the real series and environment
+
+
+def test_real_series_applies_to_pinned_wheel_sources() -> None:
+    """What shared/hooks/before-stop checks: the committed series applies with git am to pristine sources."""
+    layout = S.Layout(S.REPO_ROOT)
+    series = S.load_series(layout.patches)
+    base = layout.base()
+    assert base["torch_version"] == "2.13.0" and base["commit"] == "cf30153c4c131c8164ee7798e5022d810682e2cb"
+    if not series:
+        return
+    try:
+        wheel = S.find_wheel(base["torch_version"], layout.wheels)
+    except S.SeriesError as exc:
+        pytest.skip(f"pinned wheel not available: {exc}")
+    work = S.REPO_ROOT / "build" / "test-real-series"
+    if work.exists():
+        import shutil
+        shutil.rmtree(work)
+    S.init_repo(work)
+    S.extract_wheel_sources(wheel, work, [p for patch in series for p in patch.paths()])
+    S.commit_all(work, "base")
+    S.run_am(work, series, S.isolated_env(), len(series))
+    commits = git(work, "rev-list", "--reverse", f"HEAD~{len(series)}..HEAD").split()
+    S.verify_postimages(work, commits, series)
+
+
+def test_repo_venv_has_current_series() -> None:
+    layout = S.Layout(S.REPO_ROOT)
+    if not (layout.venv / "bin" / "python").exists():
+        pytest.skip("no .venv here (run `python3 -m scripts.series setup`)")
+    state = S.install_state(S.site_packages(layout.venv), S.load_series(layout.patches), layout.base()["torch_version"])
+    assert state.state == "current", state.detail
+
+
+def test_base_json_keys() -> None:
+    data = json.loads((S.REPO_ROOT / "patches" / "base.json").read_text())
+    assert {"torch_version", "commit", "python"} <= set(data)
+    assert data["python"] == "3.11"
+    assert os.path.exists(S.REPO_ROOT / "patches" / ".patches")
+
+
+def test_workspace_from_a_checkout(series_layout: S.Layout, make_checkout) -> None:
+    checkout = make_checkout()
+    edit(checkout / "torch/fx/node.py", "node_39 = 39\n", "node_39 = 'later upstream work'\n")
+    git(checkout, "commit", "-qam", "later upstream commit")
+    base_json = series_layout.patches / "base.json"
+    with pytest.raises(S.SeriesError, match="does not contain the base commit"):
+        S.build_workspace(series_layout, checkout=checkout, force=True)
+    upstream = git(checkout, "rev-parse", "HEAD~1").strip()
+    base_json.write_text(json.dumps({"torch_version": "2.13.0", "commit": upstream, "python": "3.11"}))
+    before = snapshot(series_layout)
+    S.build_workspace(series_layout, checkout=checkout, force=True)
+    ws = series_layout.workspace
+    assert git(ws, "rev-parse", "base").strip() == upstream
+    assert len(git(ws, "rev-list", f"{upstream}..HEAD").split()) == 3
+    S.export(series_layout)
+    assert snapshot(series_layout) == before
+    assert git(checkout, "log", "-1", "--format=%s").strip() == "later upstream commit"  # checkout untouched
