@@ -828,6 +828,17 @@ def extract_tests(series: list[Patch], dest: Path) -> None:
                               "with the series applied (build/workspace made from a PyTorch checkout, or the checkout)")
 
 
+def upstream_test_env() -> dict[str, str]:
+    """Environment for the upstream test files: ours, without `CI`.
+
+    torch's `common_utils.run_tests` treats any non-empty `CI` (GitHub Actions and most CI systems
+    set `CI=true`) as PyTorch's own CI and then writes JUnit XML through `xmlrunner`
+    (unittest-xml-reporting), which is not a dependency of torch. The series' tests must pass with
+    only torch and expecttest, so they run as a developer runs them.
+    """
+    return {k: v for k, v in os.environ.items() if k != "CI"}
+
+
 def run_upstream_tests(series: list[Patch], python: Path, tests_from: Path | None, extra: list[str]) -> int:
     files = upstream_test_files(series)
     if not files:
@@ -855,7 +866,8 @@ def run_upstream_tests(series: list[Patch], python: Path, tests_from: Path | Non
         failed = []
         for f in files:
             print(f"=== {f}", flush=True)
-            rc = subprocess.run([str(python), str(Path(f).relative_to("test")), *extra], cwd=cwd).returncode
+            rc = subprocess.run([str(python), str(Path(f).relative_to("test")), *extra], cwd=cwd,
+                                env=upstream_test_env()).returncode
             if rc != 0:
                 failed.append(f"{f} (exit {rc})")
     print(f"upstream tests: {len(files) - len(failed)} passed, {len(failed)} failed" + (
