@@ -266,8 +266,8 @@ def make_prototype(orig_create_proxy: Callable[..., Any]) -> Callable[..., Any]:
 def make_no_stack_trace(module: Any, orig: Callable[..., Any]) -> Callable[..., Any]:
     """SubgraphTracer.create_node recompiled from its source with node.meta["stack_trace"] = "" added."""
     src = textwrap.dedent(inspect.getsource(orig))
-    pattern = re.compile(r"^(\s+)(node\.meta\[\"creation_timestamp\"\] = .*)$", re.M)
-    if not pattern.search(src) or "super().create_node(" not in src:
+    pattern = re.compile(r"^(\s+)(node = super\(\)\.create_node\(.*\))$", re.M)
+    if not pattern.search(src):
         raise RuntimeError("SubgraphTracer.create_node does not look as expected; cannot build no_stack_trace")
     src = pattern.sub(r'\1\2\n\1node.meta["stack_trace"] = ""', src, count=1)
     src = src.replace("super().create_node(", "super(SubgraphTracer, self).create_node(")

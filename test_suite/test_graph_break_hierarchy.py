@@ -566,40 +566,8 @@ def fullgraph(spec: ModelSpec) -> Graph:
     return _FULL[spec.name]
 
 
-# --------------------------------------------------------------------------------------------
-# Known defects (reported; the cases they break are strict xfails)
-# --------------------------------------------------------------------------------------------
-
-class KnownDefect(AssertionError):
-    """Raised, instead of a plain assertion failure, when every problem of a case is a known defect."""
-
-
-ELIDED_RETURN_FRAME = (
-    "nested_graph_breaks: a frame whose resume point is its RETURN_VALUE is elided by Dynamo and gets "
-    "no entry, so the callee's resume entry is attached to the wrong parent, e.g. `Layer.forward#0 > "
-    "Shared.forward#0` for fullgraph `layers.0 (Layer) > block (Block) > shared (Shared)`: Block.forward's "
-    "scope is missing and Layer.forward#0 is made to stand for two fullgraph calls (layers.0 and layers.0.block)")
-
-
-def _explained(problem: str, defects: tuple[str, ...]) -> bool:
-    if ELIDED_RETURN_FRAME in defects and ("is not" in problem and "relative to F[" in problem
-                                           or "stands for 2 fullgraph calls" in problem):
-        return True
-    return False
-
-
-def _synthetic_defects(site: str, nested: bool) -> tuple[str, ...]:
-    # a break below a module called from a frame that then resumes at its return
-    if nested and site == "shared":
-        return (ELIDED_RETURN_FRAME,)
-    return ()
-
-
-def _case(model: str, site: str, config: str, defects: tuple[str, ...]) -> Any:
-    marks = []
-    if defects:
-        marks.append(pytest.mark.xfail(strict=True, raises=KnownDefect, reason="; ".join(defects)))
-    return pytest.param(model, site, config, defects, id=f"{model}-{site}-{config}", marks=marks)
+def _case(model: str, site: str, config: str) -> Any:
+    return pytest.param(model, site, config, id=f"{model}-{site}-{config}")
 
 
 def _qwen2_reached_points() -> list[str]:
@@ -629,8 +597,8 @@ def _qwen2_reached_points() -> list[str]:
 # pins which ones are.
 QWEN2_UNREACHED = {"eager_attention_forward", "repeat_kv"}  # with the default (sdpa) attention
 
-CASES = [_case("synthetic", s, c, _synthetic_defects(s, n)) for c, n in CONFIGS.items() for s in SITES]
-CASES += [_case("qwen2", p, c, ()) for c in CONFIGS
+CASES = [_case("synthetic", s, c) for c in CONFIGS for s in SITES]
+CASES += [_case("qwen2", p, c) for c in CONFIGS
           for p in qwen2_insertion_points() if p not in QWEN2_UNREACHED]
 SPECS = {"synthetic": SYNTHETIC, "qwen2": QWEN2}
 
@@ -669,17 +637,14 @@ def test_qwen2_insertion_points_are_reached() -> None:
             "Qwen2RotaryEmbedding.forward", "Qwen2Model.forward", "Qwen2ForCausalLM.forward"} <= points
 
 
-@pytest.mark.parametrize(("model", "site", "config", "defects"), CASES)
-def test_differential(model: str, site: str, config: str, defects: tuple[str, ...]) -> None:
+@pytest.mark.parametrize(("model", "site", "config"), CASES)
+def test_differential(model: str, site: str, config: str) -> None:
     nested = CONFIGS[config]
     full = fullgraph(SPECS[model])
     rec = broken_run(model, site, nested)
     assert len(rec.graphs) > 1 or rec.graphs[0].root["resume_lineno"] is not None, f"no graph break at {site}"
     problems = check_case(full, rec, nested)
-    unexplained = [p for p in problems if not _explained(p, defects)]
-    assert not unexplained, f"{len(unexplained)} problem(s):\n" + "\n".join(unexplained[:20])
-    if problems:
-        raise KnownDefect(f"{len(problems)} problem(s), all known defects:\n" + "\n".join(problems[:10]))
+    assert not problems, f"{len(problems)} problem(s):\n" + "\n".join(problems[:20])
 
 
 # --------------------------------------------------------------------------------------------
@@ -762,6 +727,7 @@ GOLDEN_SCENARIOS = {
     "root_frame": "root",                        # Model.forward
     "nested_module": "block",                    # Block.forward, called as layers.N.block
     "helper_in_nested_module": "helper.after",   # helper, called from Block.forward, Layer.forward and Model.forward
+    "frame_returning_a_call": "shared",          # Shared.forward, reached through `return self.shared(x)` in Block
 }
 
 

@@ -14,6 +14,8 @@ small synthetic modules.  Golden files under ``golden/transforms/`` pin, one lin
 * ``inductor_kernels_*``: Inductor CPU kernels, each mapped to the common scope of its
   origin post-grad nodes;
 * ``export_strict_nested``: ``torch.export.export(..., strict=True)``.
+* ``flex_attention_dynamo``: Dynamo's graph of a flex_attention call and its ``score_mod`` /
+  ``mask_fn`` HOP subgraphs.
 
 Regenerate with ``EXPECTTEST_ACCEPT=1 .venv/bin/python -m pytest test_suite/test_transform_hierarchy.py``;
 without that variable a difference fails the test and the files are left alone.
@@ -621,6 +623,74 @@ def test_export_non_strict_records_nothing() -> None:
     with torch._dynamo.config.patch(record_call_hierarchy=True):
         ep = torch.export.export(workload.model, workload.args)
     assert not any("call_hierarchy" in n.meta for n in ep.graph.nodes)
+
+
+
+# --------------------------------------------------------------------------- HOP bodies, asserts
+
+
+def relative_position(q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
+    return (q - kv).float() * 0.1
+
+
+def relative_bias(score: torch.Tensor, b: torch.Tensor, h: torch.Tensor, q: torch.Tensor,
+                  kv: torch.Tensor) -> torch.Tensor:
+    return score + relative_position(q, kv)
+
+
+class FlexAttention(nn.Module):
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        from torch.nn.attention.flex_attention import flex_attention
+
+        return flex_attention(q, k, v, score_mod=relative_bias)
+
+
+class FlexBlock(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.attn = FlexAttention()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.attn(x, x, x)
+
+
+def dynamo_graphs(fn: Callable[..., Any], *args: Any) -> list["torch.fx.GraphModule"]:
+    from torch._dynamo.testing import EagerAndRecordGraphs
+
+    torch._dynamo.reset()
+    backend = EagerAndRecordGraphs()
+    with torch._dynamo.config.patch(record_call_hierarchy=True, capture_scalar_outputs=True):
+        torch.compile(fn, backend=backend, fullgraph=True)(*args)
+    return backend.graphs
+
+
+def test_flex_attention_bodies_golden() -> None:
+    # The score_mod body is traced into a HOP subgraph: its ops carry the scope of the
+    # flex_attention call (attn) followed by the body's own user functions.
+    (gm,) = dynamo_graphs(FlexBlock(), torch.randn(1, 2, 8, 4))
+    blocks = [f"== {name or 'graph'}\n{render(mod)}" for name, mod in gm.named_modules()
+              if isinstance(mod, torch.fx.GraphModule)]
+    assert_golden("flex_attention_dynamo", "".join(blocks))
+    body = gm.get_submodule("score_mod_0")
+    ops = {n.name: fmt(n.meta["call_hierarchy"]) for n in body.graph.nodes if n.op.startswith("call")}
+    assert ops["sub"] == "attn (FlexAttention) > relative_bias#0 > relative_position#0"
+    assert ops["add"] == "attn (FlexAttention) > relative_bias#0"
+
+
+def checked_length(n: torch.Tensor) -> int:
+    k = n.item()
+    torch._check(k >= 1)
+    return k
+
+
+def test_torch_check_assert_nodes_carry_the_scope_of_the_check() -> None:
+    # torch._check on an unbacked value: Dynamo emits the comparison and _assert_scalar
+    # into the graph itself, in the scope of the function that wrote the check.
+    (gm,) = dynamo_graphs(lambda x, n: x[: checked_length(n)].cos(), torch.randn(3, 4), torch.tensor(2))
+    by_target = {target(n): fmt(n.meta["call_hierarchy"]) for n in gm.graph.nodes if n.op == "call_function"}
+    assert by_target["aten._assert_scalar.default"] == "checked_length#0"
+    assert by_target["ge"] == "checked_length#0"
+    assert by_target["getitem"] == "<root>"
 
 
 # --------------------------------------------------------------------------- golden hygiene
