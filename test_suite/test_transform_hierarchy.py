@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import copy
 import io
+import operator
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -691,6 +692,41 @@ def test_torch_check_assert_nodes_carry_the_scope_of_the_check() -> None:
     assert by_target["aten._assert_scalar.default"] == "checked_length#0"
     assert by_target["ge"] == "checked_length#0"
     assert by_target["getitem"] == "<root>"
+
+
+
+def scaled_by_rows(x: torch.Tensor) -> torch.Tensor:
+    return x * x.size(0)
+
+
+class DynamicRows(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return scaled_by_rows(self.lin(x)).reshape(x.size(0) * 2, 2)
+
+
+def test_symbolic_size_nodes_carry_the_scope_they_are_computed_in() -> None:
+    # dynamic=True: the SymInt placeholder of x's size follows x (first used in lin);
+    # arithmetic on sizes is a node of the scope that computes it.
+    from torch._dynamo.testing import EagerAndRecordGraphs
+
+    torch._dynamo.reset()
+    backend = EagerAndRecordGraphs()
+    with torch._dynamo.config.patch(record_call_hierarchy=True):
+        torch.compile(DynamicRows(), backend=backend, fullgraph=True, dynamic=True)(torch.randn(3, 4))
+    (gm,) = backend.graphs
+    nodes = list(gm.graph.nodes)
+    symbols = [n for n in nodes if n.op == "placeholder" and isinstance(n.meta["example_value"], torch.SymInt)]
+    assert len(symbols) == 1 and fmt(symbols[0].meta["call_hierarchy"]) == "lin (Linear)"
+    size_math = [n for n in nodes if n.op == "call_function" and n.target is operator.mul
+                 and not isinstance(n.meta["example_value"], torch.Tensor)]
+    assert [fmt(n.meta["call_hierarchy"]) for n in size_math] == ["<root>"]
+    scaled = [n for n in nodes if n.op == "call_function" and n.target is operator.mul
+              and isinstance(n.meta["example_value"], torch.Tensor)]
+    assert [fmt(n.meta["call_hierarchy"]) for n in scaled] == ["scaled_by_rows#0"]
 
 
 # --------------------------------------------------------------------------- golden hygiene
