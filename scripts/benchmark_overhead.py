@@ -26,8 +26,8 @@ Measurements:
 * instructions: ``valgrind --tool=callgrind --collect-atstart=no``, ``torch._C._valgrind_toggle()``
   bracketing only the compile (first call of the compiled function, plus ``backward()`` for the training
   workload), ``PYTHONHASHSEED=0``, cyclic GC off inside the bracket; three valgrind processes
-  ([disabled, enabled], [prototype, no_stack_trace], [unpatched, unpatched again]), each warming up on two
-  different tiny functions, then per workload an unmeasured priming compile and one bracketed compile per
+  ([disabled, enabled], [disabled again, prototype, no_stack_trace], [unpatched, unpatched again]), each
+  warming up on two different tiny functions, then per workload an unmeasured priming compile and one bracketed compile per
   variant, each after ``torch._dynamo.reset()`` and ``gc.collect()``;
 * wall clock: interleaved A B A B ... compiles, ratio of each pair, median over pairs (patched variants
   interleave in one process; unpatched vs disabled alternate between processes);
@@ -64,7 +64,8 @@ BENCH_DIR = ROOT / "build" / "bench"
 # Same-length names, so that the torch file paths Dynamo looks at have the same length in both.
 VENVS = {"unpatched": BENCH_DIR / "venv-base", "patched": BENCH_DIR / "venv-0051"}
 PATCHED_VARIANTS = ("disabled", "enabled", "prototype", "no_stack_trace")
-VARIANTS = ("unpatched", "unpatched_repeat") + PATCHED_VARIANTS
+# disabled_b: the flag-off baseline measured again in the prototype / no_stack_trace valgrind process
+VARIANTS = ("unpatched", "unpatched_repeat") + PATCHED_VARIANTS + ("disabled_b",)
 PINS = ("torch==2.13.0", "transformers==5.23.0")
 
 
@@ -207,7 +208,7 @@ class Variant:
         self.current = "unpatched" if not self.patched else "disabled"
 
     def set(self, name: str) -> None:
-        name = name.removesuffix("_repeat")
+        name = name.removesuffix("_repeat").removesuffix("_b")
         if name == "unpatched":
             if self.patched:
                 raise RuntimeError("this torch has the series installed; 'unpatched' needs the pristine venv")
@@ -404,6 +405,7 @@ def worker_memory(job: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name in job["workloads"]:
         rows: dict[str, list[int]] = {"disabled": [], "enabled": []}
+        attributed: list[int] = []
         nodes = {}
         for v in ("disabled", "enabled") if job["quick"] else ("disabled", "enabled", "enabled", "disabled"):
             variant.set(v)
@@ -416,15 +418,26 @@ def worker_memory(job: dict[str, Any]) -> dict[str, Any]:
             torch._dynamo.reset()
             gc.collect()
             held = tracemalloc.get_traced_memory()[0]
+            snapshot = tracemalloc.take_snapshot() if v == "enabled" else None
             nodes[v] = count_nodes(keep)
             keep.clear()
             gc.collect()
             released = tracemalloc.get_traced_memory()[0]
+            if snapshot is not None:
+                attributed.append(hierarchy_bytes(snapshot, tracemalloc.take_snapshot()))
             tracemalloc.stop()
             rows[v].append(held - released)
         variant.set("disabled")
-        out[name] = {"retained": rows, "nodes": nodes}
+        out[name] = {"retained": rows, "nodes": nodes, "attributed": attributed}
     return out
+
+
+def hierarchy_bytes(held: Any, released: Any) -> int:
+    """Bytes freed with the graphs that were allocated by the two call_hierarchy modules: the entries,
+    tuples and path strings themselves, without the run-to-run noise of the whole-heap difference."""
+    diff = held.compare_to(released, "filename")
+    return sum(stat.size_diff for stat in diff
+               if stat.traceback[0].filename.endswith(("_dynamo/call_hierarchy.py", "fx/call_hierarchy.py")))
 
 
 def worker_nodes(job: dict[str, Any]) -> dict[str, Any]:
@@ -611,7 +624,7 @@ def orchestrate(args: argparse.Namespace) -> int:
         # unpatched process compiles each workload twice, like the disabled/enabled one, so that the
         # history before each measured compile is the same; its second count shows the noise.
         jobs = [("patched-a", "patched", ["disabled", "enabled"]),
-                ("patched-b", "patched", ["prototype", "no_stack_trace"]),
+                ("patched-b", "patched", ["disabled_b", "prototype", "no_stack_trace"]),
                 ("unpatched", "unpatched", ["unpatched", "unpatched_repeat"])]
         with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
             futs = [pool.submit(callgrind_job, tag, venv, variants, names, quick, cg_dir, args.reuse_callgrind)
@@ -678,6 +691,7 @@ def orchestrate(args: argparse.Namespace) -> int:
                 "wall_pairs": "",
                 "mem_bytes_per_node_vs_disabled": "",
                 "mem_retained_bytes": "",
+                "mem_attributed_bytes_per_node": "",
                 "mem_nodes": mem_nodes,
             }
             if v == "unpatched":
@@ -690,6 +704,9 @@ def orchestrate(args: argparse.Namespace) -> int:
             if v == "enabled":
                 row["mem_bytes_per_node_vs_disabled"] = fmt(delta_mem / mem_nodes if mem_nodes else None, ".2f")
                 row["mem_retained_bytes"] = int(statistics.mean(ret["enabled"]))
+                if mem["attributed"] and mem_nodes:
+                    row["mem_attributed_bytes_per_node"] = fmt(statistics.mean(mem["attributed"]) / mem_nodes,
+                                                               ".2f")
             if v == "disabled":
                 row["mem_retained_bytes"] = int(statistics.mean(ret["disabled"]))
                 row["wall_pairs"] = len(w["disabled"])
@@ -703,7 +720,7 @@ def orchestrate(args: argparse.Namespace) -> int:
 
 CSV_FIELDS = ["workload", "family", "nodes", "variant", "instructions", "instr_vs_disabled_pct",
               "instr_delta_per_node", "wall_ratio_vs_disabled", "wall_pairs", "mem_bytes_per_node_vs_disabled",
-              "mem_retained_bytes", "mem_nodes", "date", "machine", "torch", "commit", "series_hash", "patches",
+              "mem_retained_bytes", "mem_attributed_bytes_per_node", "mem_nodes", "date", "machine", "torch", "commit", "series_hash", "patches",
               "mode", "valgrind"]
 
 
@@ -726,11 +743,14 @@ def _num(s: str) -> float | None:
 def render_from_csv(out_dir: Path) -> None:
     """Recompute the derived columns of overhead.csv and write overhead.md from its raw values.
 
-    Instruction comparisons are position-matched. In the valgrind processes each workload is compiled
-    twice in a row (disabled then enabled; unpatched then unpatched again; prototype then no_stack_trace),
-    and the second compile of the same code is cheaper (Dynamo's per-code-object caches survive
-    ``torch._dynamo.reset()``). So a variant measured second is compared with ``disabled`` scaled by the
-    position effect measured on the unpatched torch: disabled@2 = disabled * unpatched_repeat / unpatched.
+    Instruction comparisons are made within one valgrind process and position-matched. Each process
+    compiles each workload several times in a row (disabled then enabled; disabled_b, prototype and
+    no_stack_trace; unpatched then unpatched again), and a later compile of the same code is cheaper
+    (Dynamo's per-code-object caches survive ``torch._dynamo.reset()``). So a variant measured after the
+    first compile is compared with its own process's flag-off count scaled by the position effect measured
+    on the unpatched torch: base = disabled * unpatched_repeat / unpatched (disabled_b for prototype and
+    no_stack_trace: processes differ by a constant offset of up to ~0.7%, which a cross-process
+    comparison would count as overhead).
     """
     with open(out_dir / "overhead.csv", newline="") as fh:
         rows = list(csv.DictReader(fh))
@@ -740,15 +760,18 @@ def render_from_csv(out_dir: Path) -> None:
         if r["workload"] not in by:
             order.append(r["workload"])
         by.setdefault(r["workload"], {})[r["variant"]] = r
-    second = {"enabled", "no_stack_trace", "unpatched_repeat"}
+    second = {"enabled", "prototype", "no_stack_trace", "unpatched_repeat"}
 
     def ir(n: str, v: str) -> float | None:
         return _num(by[n].get(v, {}).get("instructions", ""))
 
     def base(n: str, v: str) -> float | None:
-        d, u, u2 = ir(n, "disabled"), ir(n, "unpatched"), ir(n, "unpatched_repeat")
+        own = "disabled_b" if v in ("prototype", "no_stack_trace") else "disabled"
+        d, u, u2 = ir(n, own), ir(n, "unpatched"), ir(n, "unpatched_repeat")
         if v == "unpatched_repeat":
             return u
+        if v == "disabled_b":
+            return ir(n, "disabled")
         if v in second:
             return None if None in (d, u, u2) else d * u2 / u
         return d
@@ -793,12 +816,14 @@ def render_from_csv(out_dir: Path) -> None:
         "the compile spent building `stack_trace` today (disabled - no_stack_trace); design/prototype = ratio "
         "of the extra instructions; repeat = unpatched compiled a second time vs the first (the position "
         "effect that the matching removes); wall = median of interleaved pair ratios; memory = retained bytes "
-        "per FX node, enabled - disabled. n/a = not measured in this mode or for this size.",
+        "per FX node, enabled - disabled (whole heap, noise of a few KB per compile); objects = of those, the "
+        "bytes allocated by the call_hierarchy modules (entries, tuples, paths) per node. n/a = not measured "
+        "in this mode or for this size.",
         "",
         "| workload | nodes | Ir disabled | disabled vs unpatched | enabled vs disabled | enabled Δ/node "
         "| prototype vs disabled | prototype Δ/node | stack_trace | design / prototype | repeat "
-        "| wall enabled | wall prototype | wall unpatched | memory B/node |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| wall enabled | wall prototype | wall unpatched | memory B/node | objects B/node |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for n in order:
         r = by[n]
@@ -816,7 +841,8 @@ def render_from_csv(out_dir: Path) -> None:
             f"| {fmt(_num(r['enabled']['wall_ratio_vs_disabled']), '.3f')} "
             f"| {fmt(_num(r['prototype']['wall_ratio_vs_disabled']), '.3f')} "
             f"| {fmt(None if not un else 1 / un, '.3f')} "
-            f"| {fmt(_num(r['enabled']['mem_bytes_per_node_vs_disabled']), '.1f')} |"
+            f"| {fmt(_num(r['enabled']['mem_bytes_per_node_vs_disabled']), '.1f')} "
+            f"| {fmt(_num(r['enabled'].get('mem_attributed_bytes_per_node', '')), '.1f')} |"
         )
     lines += ["", "## Targets", ""]
     du = [(n, -pc(n, "unpatched") / (1 + pc(n, "unpatched") / 100)) for n in order if pc(n, "unpatched") is not None]
@@ -847,6 +873,11 @@ def render_from_csv(out_dir: Path) -> None:
         w = max(mem, key=lambda t: t[1])
         lines.append(f"- memory at most 16 B/node: {'met' if w[1] <= 16 else 'MISSED'} "
                      f"(largest {w[1]:.1f} B/node on {w[0]}, {w[2]} nodes in its graphs)")
+        objs = [(n, _num(by[n]["enabled"].get("mem_attributed_bytes_per_node", ""))) for n in order]
+        objs = [t for t in objs if t[1] is not None]
+        if objs:
+            lines.append("  - objects B/node (entries, tuples, paths): " + ", ".join(
+                f"{n} {v:.1f}" for n, v in objs))
     lines += [
         "",
         "## Method",
@@ -857,15 +888,16 @@ def render_from_csv(out_dir: Path) -> None:
         "`no_stack_trace` = flag off with `SubgraphTracer.create_node` recompiled from its own source plus "
         "`node.meta[\"stack_trace\"] = \"\"`, which skips the existing stack_trace block of `create_proxy`.",
         "- Instructions: three valgrind processes (importing torch under valgrind takes minutes, so not one "
-        "per measurement): [disabled, enabled], [prototype, no_stack_trace] on the patched torch and "
+        "per measurement): [disabled, enabled], [disabled again, prototype, no_stack_trace] on the patched torch and "
         "[unpatched, unpatched again] on the wheel. Each first compiles two tiny different functions "
         "(inference and training) so that lazy imports are not counted, then per workload one unmeasured "
         "priming compile (Dynamo's per-code-object caches survive `reset()`) and per variant: "
         "`torch._dynamo.reset()`, `gc.collect()`, model construction, and the bracketed compile with the cyclic "
         "GC off (the first call; for training also `backward()`, so AOTAutograd's forward/backward graphs and "
         "the backward metadata copy are included). A full GC collection landing in one compile and not in "
-        "another moved counts by up to 9% in a first attempt, hence GC off. Variants measured second in their "
-        "process are compared with `disabled * unpatched_again / unpatched` (column `repeat` shows that "
+        "another moved counts by up to 9% in a first attempt, hence GC off. Each variant is compared with the "
+        "flag-off count of its own process (processes differ by a constant offset of up to ~0.7%); variants "
+        "measured after the first compile with `disabled * unpatched_again / unpatched` (column `repeat` shows that "
         "position effect; it is ~0 with priming). The largest sizes "
         "(wide_w500, qwen2_l2, qwen2_l4) and the middle depth (d8) are measured for wall clock and memory only.",
         "- Wall clock: in one process the four patched variants are interleaved (A B C D A B C D ...) per "
