@@ -655,13 +655,13 @@ class FlexBlock(nn.Module):
         return self.attn(x, x, x)
 
 
-def dynamo_graphs(fn: Callable[..., Any], *args: Any) -> list["torch.fx.GraphModule"]:
+def dynamo_graphs(fn: Callable[..., Any], *args: Any, dynamic: bool | None = None) -> list["torch.fx.GraphModule"]:
     from torch._dynamo.testing import EagerAndRecordGraphs
 
     torch._dynamo.reset()
     backend = EagerAndRecordGraphs()
     with torch._dynamo.config.patch(record_call_hierarchy=True, capture_scalar_outputs=True):
-        torch.compile(fn, backend=backend, fullgraph=True)(*args)
+        torch.compile(fn, backend=backend, fullgraph=True, dynamic=dynamic)(*args)
     return backend.graphs
 
 
@@ -711,13 +711,7 @@ class DynamicRows(nn.Module):
 def test_symbolic_size_nodes_carry_the_scope_they_are_computed_in() -> None:
     # dynamic=True: the SymInt placeholder of x's size follows x (first used in lin);
     # arithmetic on sizes is a node of the scope that computes it.
-    from torch._dynamo.testing import EagerAndRecordGraphs
-
-    torch._dynamo.reset()
-    backend = EagerAndRecordGraphs()
-    with torch._dynamo.config.patch(record_call_hierarchy=True):
-        torch.compile(DynamicRows(), backend=backend, fullgraph=True, dynamic=True)(torch.randn(3, 4))
-    (gm,) = backend.graphs
+    (gm,) = dynamo_graphs(DynamicRows(), torch.randn(3, 4), dynamic=True)
     nodes = list(gm.graph.nodes)
     symbols = [n for n in nodes if n.op == "placeholder" and isinstance(n.meta["example_value"], torch.SymInt)]
     assert len(symbols) == 1 and fmt(symbols[0].meta["call_hierarchy"]) == "lin (Linear)"
