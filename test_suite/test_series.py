@@ -456,3 +456,50 @@ def test_workspace_from_a_checkout(series_layout: S.Layout, make_checkout) -> No
     S.export(series_layout)
     assert snapshot(series_layout) == before
     assert git(checkout, "log", "-1", "--format=%s").strip() == "later upstream commit"  # checkout untouched
+
+
+# --------------------------------------------------------------------------- install a prefix (--through)
+
+
+def test_install_through_a_prefix(series_layout: S.Layout, site_packages: Path) -> None:
+    series = S.load_series(series_layout.patches)
+    assert S.prefix_length(series, "0002") == 2
+    assert S.prefix_length(series, "0002-fx-mark-node-meta.patch") == 2
+    assert S.prefix_length(series, "0002-fx-mark-node-meta") == 2
+    assert S.prefix_length(series, None) == 3
+    with pytest.raises(S.SeriesError, match=r"--through 0007: no such patch.*0001-dynamo"):
+        S.prefix_length(series, "0007")
+    pristine = tree_hashes(site_packages)
+    assert "patches 0001..0002 of 3" in S.install(site_packages, series, "2.13.0", "0002")
+    assert "# call_hierarchy" in (site_packages / "torch/fx/node.py").read_text()
+    assert not (site_packages / "torch/fx/call_hierarchy.py").exists()  # 0003 is not installed
+    assert (site_packages / "torch/__init__.py").read_text() == BASE_FILES["torch/__init__.py"]
+    st = S.install_state(site_packages, series, "2.13.0", follow_stamp=True)  # what `status` reports
+    assert (st.state, st.detail.split(":")[0]) == ("current", "patches 0001..0002 of 3")
+    assert S.install_state(site_packages, series, "2.13.0", "0002").state == "current"
+    assert S.install_state(site_packages, series, "2.13.0").state == "stale"  # not the whole series
+    assert S.install(site_packages, series, "2.13.0", "0002").startswith("already installed")
+    S.install(site_packages, series, "2.13.0", "0001")  # a shorter prefix replaces it
+    assert "# call_hierarchy" not in (site_packages / "torch/fx/node.py").read_text()
+    assert S.install_state(site_packages, series, "2.13.0", follow_stamp=True).detail.startswith("patch 0001 of 3")
+    assert "patches 0001..0003 of 3" in S.install(site_packages, series, "2.13.0")  # no --through: everything
+    assert (site_packages / "torch/fx/call_hierarchy.py").exists()
+    assert S.install_state(site_packages, series, "2.13.0", follow_stamp=True).state == "current"
+    S.revert(site_packages, "2.13.0")
+    assert tree_hashes(site_packages) == pristine
+
+
+def test_cli_through(series_layout: S.Layout, site_packages: Path) -> None:
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "scripts.series", "--repo-root", str(series_layout.root), *args],
+                              cwd=S.REPO_ROOT, capture_output=True, text=True)
+    sp = ["--site-packages", str(site_packages)]
+    before = tree_hashes(site_packages)
+    bad = cli("install", "--through", "0009", *sp)
+    assert bad.returncode == 2 and "no such patch" in bad.stderr
+    assert tree_hashes(site_packages) == before
+    assert cli("install", "--through", "0002", *sp).returncode == 0
+    assert cli("status", *sp).stdout.startswith("current: patches 0001..0002 of 3")
+    assert cli("status", "--through", "0003", *sp).stdout.startswith("stale: patches 0001..0002 of 3")
+    bad = cli("setup", "--venv", str(series_layout.root / "v"), "--through", "nope")
+    assert bad.returncode == 2 and "no such patch" in bad.stderr and not (series_layout.root / "v").exists()
