@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,15 @@ import pytest
 from scripts import series as S
 
 from .conftest import BASE_FILES, FAKE_COMMIT, edit, git, install_wheel, make_wheel, numbered, tree_hashes
+
+
+@pytest.fixture
+def make_checkout(make_checkout):  # noqa: F811 - the conftest fixture, with PyTorch's version.txt added
+    """A fake PyTorch checkout: the fake torch files plus version.txt naming 2.13 (PyTorch keeps its
+    version there), as `apply` requires of a checkout that lacks the base commit."""
+    def make(name: str = "pytorch", files: dict[str, str] | None = None) -> Path:
+        return make_checkout(name, {**(files or BASE_FILES), "version.txt": "2.13.0a0\n"})
+    return make
 
 
 def snapshot(layout: S.Layout) -> dict[str, bytes]:
@@ -285,7 +295,13 @@ def test_install_refuses_hand_edited_files(series_layout: S.Layout, site_package
     with pytest.raises(S.SeriesError, match="torch/fx/node.py"):
         S.install(site_packages, series, "2.13.0")
     assert target.read_text().endswith("# my debugging\n")
-    assert "overwrote local edits to torch/fx/node.py" in S.revert(site_packages, "2.13.0")
+    # issue 15 case 6: --revert never discards hand edits silently: it refuses, or saves them first
+    with pytest.raises(S.SeriesError, match=r"(?s)refusing to revert: torch/fx/node.py .*--force to save them"):
+        S.revert(site_packages, "2.13.0")
+    assert target.read_text().endswith("# my debugging\n")
+    msg = S.revert(site_packages, "2.13.0", force=True)
+    saved = Path(re.search(r"saved your edits to torch/fx/node.py in (\S+)", msg).group(1))
+    assert (saved / "torch/fx/node.py").read_text().endswith("# my debugging\n")
     assert target.read_text() == BASE_FILES["torch/fx/node.py"]
 
 
