@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
+import random
 import re
+import signal
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -21,7 +25,7 @@ def make_checkout(make_checkout):  # noqa: F811 - the conftest fixture, with PyT
     """A fake PyTorch checkout: the fake torch files plus version.txt naming 2.13 (PyTorch keeps its
     version there), as `apply` requires of a checkout that lacks the base commit."""
     def make(name: str = "pytorch", files: dict[str, str] | None = None) -> Path:
-        return make_checkout(name, {**(files or BASE_FILES), "version.txt": "2.13.0a0\n"})
+        return make_checkout(name, {"version.txt": "2.13.0a0\n", **(files or BASE_FILES)})
     return make
 
 
@@ -576,3 +580,228 @@ def test_matrix_venvs_and_pins(series_layout: S.Layout, tmp_path: Path) -> None:
     req.write_text("torch==2.13.0\n")
     with pytest.raises(S.SeriesError, match="pins no exact version of expecttest, numpy"):
         S.pinned_requirements(req, S.UPSTREAM_TEST_REQUIREMENTS)
+
+
+# --------------------------------------------------------------------------- issue 15: integrity, atomic install
+
+
+INSTALL_MODULE = importlib.import_module("scripts.series.install")
+
+
+def fake_wheel_source(base_wheel: Path):
+    return lambda: base_wheel
+
+
+def checkout_state(repo: Path) -> tuple[str, str, bool]:
+    return (git(repo, "rev-parse", "HEAD"), git(repo, "status", "--porcelain"), (repo / ".git" / "rebase-apply").exists())
+
+
+def test_case1_patch_cut_before_a_section_is_refused_everywhere(series_layout: S.Layout, site_packages: Path,
+                                                                make_checkout) -> None:
+    name = S.series_names(series_layout.patches)[2]  # 0003: torch/__init__.py, then torch/fx/call_hierarchy.py
+    path = series_layout.patches / name
+    text = path.read_text()
+    path.write_text(text[: text.index("diff --git a/torch/fx/call_hierarchy.py")])
+    S.parse_patch(path)  # still a well-formed patch: only the integrity record tells what is missing
+    before, checkout = tree_hashes(site_packages), make_checkout()
+    state = checkout_state(checkout)
+    for call in (lambda: S.install(site_packages, S.load_series(series_layout.patches), "2.13.0"),
+                 lambda: S.apply_to_checkout(series_layout, checkout)):
+        with pytest.raises(S.SeriesError, match=rf"(?s)patch {name}: the `diff --git` section for "
+                                                r"torch/fx/call_hierarchy.py is missing.*Nothing was changed"):
+            call()
+    assert tree_hashes(site_packages) == before and checkout_state(checkout) == state
+    status = subprocess.run([sys.executable, "-m", "scripts.series", "--repo-root", str(series_layout.root), "status",
+                             "--site-packages", str(site_packages)], cwd=S.REPO_ROOT, capture_output=True, text=True)
+    assert status.returncode == 2 and "call_hierarchy.py is missing" in status.stderr and "current" not in status.stdout
+
+
+def test_case2_install_of_a_patch_that_no_longer_applies_keeps_the_working_install(
+        series_layout: S.Layout, site_packages: Path) -> None:
+    S.install(site_packages, S.load_series(series_layout.patches), "2.13.0")
+    installed = tree_hashes(site_packages)
+    name = S.series_names(series_layout.patches)[1]
+    edit(series_layout.patches / name, " node_9 = 9\n", " node_9 = 'nine'\n")  # a context line
+    with pytest.raises(S.SeriesError, match=rf"patch {name}: the section for torch/fx/node.py differs"):
+        S.load_series(series_layout.patches)
+    # even past the integrity check (as after `workspace --accept-patches`), nothing is reverted first
+    S.write_integrity(series_layout.patches, S.series_names(series_layout.patches))
+    series = S.load_series(series_layout.patches)
+    with pytest.raises(S.SeriesError, match=rf"(?s)patch {name} does not apply.*nothing was changed"):
+        S.install(site_packages, series, "2.13.0")
+    assert tree_hashes(site_packages) == installed
+    assert S.install_state(site_packages, series, "2.13.0").state == "stale"  # the old series, whole
+
+
+def test_case3_no_loop_between_install_and_revert(series_layout: S.Layout, site_packages: Path,
+                                                  base_wheel: Path) -> None:
+    series = S.load_series(series_layout.patches)
+    target = site_packages / "torch/fx/node.py"
+    target.write_text(target.read_text() + "# my debugging\n")  # no series installed, a hand edit
+    state = S.install_state(site_packages, series, "2.13.0")
+    assert state.state == "modified" and state.edited == ["torch/fx/node.py"]
+    for call in (lambda: S.install(site_packages, series, "2.13.0"), lambda: S.revert(site_packages, "2.13.0", series)):
+        with pytest.raises(S.SeriesError, match="(?s)edited by hand.*--force to save them.*force-reinstall") as err:
+            call()
+        assert "--revert" not in str(err.value)  # never sends the user round in a loop
+    msg = S.revert(site_packages, "2.13.0", series, force=True, wheel=fake_wheel_source(base_wheel))
+    assert "saved your edits to torch/fx/node.py" in msg
+    assert target.read_text() == BASE_FILES["torch/fx/node.py"]
+    assert S.install_state(site_packages, series, "2.13.0").state == "pristine"
+    # after `pip install --force-reinstall torch` over an installed series, status says pristine
+    S.install(site_packages, series, "2.13.0")
+    with zipfile.ZipFile(base_wheel) as z:
+        z.extractall(site_packages)
+    (site_packages / "torch/fx/call_hierarchy.py").unlink()  # pip removes what the wheel does not have
+    assert S.install_state(site_packages, series, "2.13.0").state == "pristine"
+    S.install(site_packages, series, "2.13.0")
+    assert S.install_state(site_packages, series, "2.13.0").state == "current"
+
+
+def interrupt_after(monkeypatch: pytest.MonkeyPatch, calls: int, action) -> None:
+    """Run action() at the calls-th os.replace (1: the journal, 2: the first file, ...), once."""
+    real, seen = os.replace, [0]
+
+    def replace(src, dst):
+        seen[0] += 1
+        if seen[0] == calls:
+            action()
+        return real(src, dst)
+    monkeypatch.setattr(INSTALL_MODULE.os, "replace", replace)
+
+
+def test_case4_interrupted_install_leaves_old_or_new(series_layout: S.Layout, site_packages: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    series = S.load_series(series_layout.patches)
+    pristine = tree_hashes(site_packages)
+
+    def boom() -> None:
+        raise KeyboardInterrupt
+    interrupt_after(monkeypatch, 3, boom)  # after the first of the series' files was switched
+    with pytest.raises(KeyboardInterrupt):
+        S.install(site_packages, series, "2.13.0")
+    monkeypatch.undo()
+    assert tree_hashes(site_packages) == pristine  # rolled back: the old state
+    assert S.install_state(site_packages, series, "2.13.0").state == "pristine"
+    # Ctrl-C (a real SIGINT) in the middle of the switch lands after it: the new state, whole
+    interrupt_after(monkeypatch, 3, lambda: os.kill(os.getpid(), signal.SIGINT))
+    with pytest.raises(KeyboardInterrupt):
+        S.install(site_packages, series, "2.13.0")
+    monkeypatch.undo()
+    assert S.install_state(site_packages, series, "2.13.0").state == "current"
+    S.revert(site_packages, "2.13.0")
+    # cut harder (SIGKILL: no rollback in the process): status says so; the next command rolls back
+    monkeypatch.setattr(INSTALL_MODULE, "roll_back", lambda sp: "")
+    interrupt_after(monkeypatch, 3, boom)
+    with pytest.raises(KeyboardInterrupt):
+        S.install(site_packages, series, "2.13.0")
+    monkeypatch.undo()
+    state = S.install_state(site_packages, series, "2.13.0")
+    assert state.state == "interrupted" and "after switching 1 of 4 torch file(s)" in state.detail, state.detail
+    assert not state.edited
+    msg = S.revert(site_packages, "2.13.0", series)
+    assert msg.startswith("rolled back an interrupted install") and "saved your edits" not in msg
+    assert tree_hashes(site_packages) == pristine
+
+
+def test_case5_apply_checks_series_and_target_first(series_layout: S.Layout, make_checkout, tmp_path: Path) -> None:
+    name = S.series_names(series_layout.patches)[0]
+    edit(series_layout.patches / name, "+record_call_hierarchy = False\n", "+record_call_hierarchy = True\n")
+    checkout = make_checkout()
+    state = checkout_state(checkout)
+    with pytest.raises(S.SeriesError, match=rf"patch {name}: the section for torch/_dynamo/config.py differs"):
+        S.apply_to_checkout(series_layout, checkout)
+    assert checkout_state(checkout) == state
+    git(series_layout.root, "init", "-q")  # restore the patch: rebuild it from the workspace
+    S.export(series_layout)
+    other = make_checkout("not-pytorch", files={"README.md": "my project\n", "version.txt": "1.0\n"})
+    state = checkout_state(other)
+    with pytest.raises(S.SeriesError, match=r"(?s)not a PyTorch checkout at or near the base.*lacks 3 file\(s\) "
+                                            r"the series changes.*Nothing was changed"):
+        S.apply_to_checkout(series_layout, other)
+    assert checkout_state(other) == state and sorted(p.name for p in other.iterdir()) == [".git", "README.md",
+                                                                                         "version.txt"]
+    far = make_checkout("pytorch-1.0", files={**BASE_FILES, "version.txt": "1.0.0\n"})
+    with pytest.raises(S.SeriesError, match=r"does not contain the base commit .* names 1\.0, not 2\.13\.0"):
+        S.apply_to_checkout(series_layout, far)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    git(empty, "init", "-q")
+    with pytest.raises(S.SeriesError, match="has no commits; it is not a PyTorch checkout"):
+        S.apply_to_checkout(series_layout, empty)
+    assert git(empty, "status", "--porcelain") == ""
+
+
+def test_case6_install_force_saves_hand_edits(series_layout: S.Layout, site_packages: Path) -> None:
+    series = S.load_series(series_layout.patches)
+    S.install(site_packages, series, "2.13.0", "0001")
+    target = site_packages / "torch/_dynamo/config.py"
+    target.write_text(target.read_text() + "debug = True\n")
+    with pytest.raises(S.SeriesError, match="refusing to install: torch/_dynamo/config.py"):
+        S.install(site_packages, series, "2.13.0")
+    msg = S.install(site_packages, series, "2.13.0", force=True)
+    saved = Path(re.search(r"saved your edits to torch/_dynamo/config.py in (\S+)", msg).group(1))
+    assert (saved / "torch/_dynamo/config.py").read_text().endswith("debug = True\n")
+    assert S.install_state(site_packages, series, "2.13.0").state == "current"
+
+
+def test_stale_integrity_is_regenerated_by_export(series_layout: S.Layout) -> None:
+    """Patches exported elsewhere (another branch, merged): refused until re-recorded by workspace + export."""
+    ws = series_layout.workspace
+    edit(ws / "torch/fx/node.py", "node_30 = 30\n", "node_30 = 'other branch'\n")
+    git(ws, "commit", "-qam", "work of another branch")
+    integrity = (series_layout.patches / S.INTEGRITY).read_text()
+    S.export(series_layout)
+    (series_layout.patches / S.INTEGRITY).write_text(integrity)  # the merge kept the old record
+    with pytest.raises(S.SeriesError, match=r"(?s)not exported: 0004-work-of-another-branch.patch.*--accept-patches"):
+        S.build_workspace(series_layout, force=True)
+    S.build_workspace(series_layout, force=True, accept_patches=True)
+    S.export(series_layout)
+    assert len(S.load_series(series_layout.patches)) == 4
+
+
+def mutate(rng: random.Random, path: Path) -> str:
+    data = path.read_bytes()
+    how = rng.choice(["truncate", "flip", "drop-line"])
+    if how == "truncate":
+        cut = rng.randrange(len(data))
+        path.write_bytes(data[:cut])
+        return f"{how} {path.name} at {cut}"
+    if how == "flip":
+        at = rng.randrange(len(data))
+        path.write_bytes(data[:at] + bytes([data[at] ^ rng.randrange(1, 256)]) + data[at + 1:])
+        return f"{how} {path.name} byte {at}"
+    lines = data.splitlines(keepends=True)
+    i = rng.randrange(len(lines))
+    path.write_bytes(b"".join(lines[:i] + lines[i + 1:]))
+    return f"{how} {path.name} line {i}"
+
+
+def test_fuzz_damaged_series_never_installs_or_applies(series_layout: S.Layout, site_packages: Path,
+                                                       make_checkout) -> None:
+    rng = random.Random(15)
+    S.install(site_packages, S.load_series(series_layout.patches), "2.13.0", "0002")  # a working install to keep
+    installed = tree_hashes(site_packages)
+    checkout = make_checkout()
+    state = checkout_state(checkout)
+    originals = {p: p.read_bytes() for p in series_layout.patches.iterdir()}
+    targets = sorted(p for p in originals if p.suffix == ".patch") + [series_layout.patches / S.INTEGRITY]
+    for _ in range(20):
+        for p, data in originals.items():
+            p.write_bytes(data)
+        what = mutate(rng, rng.choice(targets))
+        if what.startswith(("flip integrity.json", "drop-line integrity.json")):
+            try:  # JSON whitespace may change without changing the record: then the series is unchanged
+                same = json.loads((series_layout.patches / S.INTEGRITY).read_text()) == json.loads(
+                    originals[series_layout.patches / S.INTEGRITY])
+            except ValueError:
+                same = False
+            if same:
+                S.load_series(series_layout.patches)
+                continue
+        with pytest.raises(S.SeriesError):
+            S.install(site_packages, S.load_series(series_layout.patches), "2.13.0", "0002")
+        with pytest.raises(S.SeriesError):
+            S.apply_to_checkout(series_layout, checkout)
+        assert tree_hashes(site_packages) == installed, what
+        assert checkout_state(checkout) == state, what

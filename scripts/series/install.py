@@ -189,10 +189,11 @@ def install_state(sp: Path, series: list[Patch], pinned: str, through: str | Non
     record = record_hashes(check_torch_version(sp, pinned))
     stamp = read_stamp(sp)
     if (journal := read_journal(sp)) is not None:
-        done = sum(1 for rel, h in journal["files"].items() if sha256_or_none(sp / rel) == h["new"])
+        files = {rel: h for rel, h in journal["files"].items() if rel.startswith("torch/")}
+        done = sum(1 for rel, h in files.items() if sha256_or_none(sp / rel) == h["new"])
         return InstallState(
             "interrupted", f"{journal['action']} of {journal['to']} was cut off after switching {done} of "
-            f"{len(journal['files'])} file(s) (before: {journal['from']}); the next `install` or `install --revert` "
+            f"{len(files)} torch file(s) (before: {journal['from']}); the next `install` or `install --revert` "
             f"first puts every file back as it was before", stamp)
     if through is None and follow_stamp and stamp and stamp.get("through") in [p.name for p in series]:
         through = stamp["through"]
@@ -393,9 +394,9 @@ def install(sp: Path, series: list[Patch], pinned: str, through: str | None = No
     pristine = {rel: None if h is None else pristine_bytes(sp, rel, h, pinned, wheel) for rel, h in hashes.items()}
     built = build_files(sp, want, pristine)
     targets = {rel: built[rel] if rel in built else pristine[rel] for rel in paths}
-    for rel, data in pristine.items():  # backups of the wheel's files for --revert (additive, checked on use)
-        if rel in built and data is not None and sha256_or_none(sp / STAMP_DIR / "pristine" / rel) != hashes[rel]:
-            write_atomic(sp / STAMP_DIR / "pristine" / rel, data)
+    for rel, data in pristine.items():  # backups of the wheel's files for --revert, switched with the rest
+        if rel in built and data is not None:
+            targets[f"{STAMP_DIR}/pristine/{rel}"] = data
     created = sorted({str(p) for rel in built for p in Path(rel).parents
                       if str(p) != "." and not (sp / p).exists()} | set(stamp.get("created_dirs", []) if stamp else []))
     new_stamp = {"series_hash": series_hash(want), "patches": [p.name for p in want],

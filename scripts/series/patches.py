@@ -305,6 +305,9 @@ def verify_integrity(patches_dir: Path, names: list[str]) -> dict:
         data = (patches_dir / n).read_bytes()
         if hashlib.sha256(data).hexdigest() != rec.get("sha256"):
             problems.append(describe_difference(n, rec, data))
+        elif rec != patch_record(data):
+            problems.append(f"the record of {n} in {INTEGRITY} is damaged (the patch file itself matches its digest); "
+                            "restore it with `git checkout -- patches/` or rerun `export`")
     if problems:
         raise SeriesError("the patch files differ from what `export` recorded in " + str(path) + ":\n  - "
                           + "\n  - ".join(problems)
