@@ -22,8 +22,8 @@ from .git import SeriesError, git, isolated_env
 INTEGRITY = "integrity.json"
 INTEGRITY_FORMAT = 1
 NULL_BLOB = "0" * 40
-REGENERATE = ("regenerate it from the workspace (`python3 -m scripts.series workspace` + `export`), or restore it "
-              "with `git checkout -- patches/`")
+REGENERATE = ("restore it with `git checkout -- patches/`, or, if build/workspace holds the series' commits, "
+              "regenerate patches/ from them with `python3 -m scripts.series export`")
 
 
 @dataclasses.dataclass(frozen=True)
