@@ -276,14 +276,14 @@ def roll_back(sp: Path) -> str:
             target.unlink()
         else:
             write_atomic(target, (jdir / "old" / rel).read_bytes())
-    for d in sorted(journal.get("created_dirs", []), key=len, reverse=True):
-        with contextlib.suppress(OSError):
-            (sp / d).rmdir()
     stamp_file = sp / STAMP_DIR / "stamp.json"
     if journal["old_stamp"] is None:
         stamp_file.unlink(missing_ok=True)
     else:
         write_atomic(stamp_file, journal["old_stamp"].encode())
+    for d in sorted(journal.get("created_dirs", []), key=len, reverse=True):
+        with contextlib.suppress(OSError):
+            (sp / d).rmdir()
     if unknown:
         raise SeriesError(f"an interrupted {journal['action']} in {sp} cannot be rolled back: {', '.join(unknown)} "
                           f"changed after it; the old contents are in {jdir / 'old'}; check them, then delete {jdir}")
