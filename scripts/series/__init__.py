@@ -4,12 +4,13 @@ Usage: python3 -m scripts.series <command> [options]   (from the repository root
 
   setup           create .venv (Python 3.11, pinned requirements; --python 3.X: .venv-py3.X) and install the series
   workspace       build build/workspace: torch sources at the base + one commit per patch
-  export          regenerate patches/ from the workspace commits (byte-stable)
-  apply CHECKOUT  git am --3way the series onto a PyTorch checkout
-  install         patch the torch/ files of the torch installed in a venv (--revert undoes)
-  status          pristine / current / stale / modified state of the venv's torch
+  export          regenerate patches/ and patches/integrity.json from the workspace commits (byte-stable)
+  apply CHECKOUT  git am --3way the series onto a PyTorch checkout (after checking series and checkout)
+  install         patch the torch/ files of a venv's torch, all or nothing (--through PATCH: a prefix;
+                  --revert undoes; --force saves hand edits aside instead of refusing)
+  status          pristine / current / stale / modified / interrupted state of the venv's torch
   radar           does the series still apply to another torch release wheel?
-  upstream-tests  run the upstream test files that the series adds or changes
+  upstream-tests  run the upstream test files that the series adds or changes (--python 3.X)
 
 Errors print `error: ...` and exit 2; a conflict (left recoverable) exits 1.
 

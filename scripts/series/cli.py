@@ -117,5 +117,5 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
-        print("interrupted; nothing was left half-changed (`status` tells the state)", file=sys.stderr)
+        print("interrupted (an install or revert is never left half-done: `status` tells the venv's state)", file=sys.stderr)
         return 130
