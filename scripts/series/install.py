@@ -203,7 +203,9 @@ def install_state(sp: Path, series: list[Patch], pinned: str, through: str | Non
     edited = [rel for rel, k in kinds.items() if k == "edited"]
     if edited:
         return InstallState("modified", "edited by hand (matching neither the wheel's RECORD, nor the installed "
-                            "series, nor the series' patches): " + ", ".join(edited), stamp, edited)
+                            "series, nor the series' patches): " + ", ".join(edited) + f"; `install --force` or "
+                            f"`install --revert --force` saves them to {sp / BACKUP_DIR}/<time>/ before replacing "
+                            "them", stamp, edited)
     if stamp and all(kinds[rel] == "pristine" for rel in stamp["files"]) and stamp["files"]:
         stamp = None  # torch was reinstalled since: the stamp describes nothing that is there
     if stamp:
@@ -218,7 +220,8 @@ def install_state(sp: Path, series: list[Patch], pinned: str, through: str | Non
                    if stamp.get("through") and len(want) < len(series) else "")
             return InstallState("current", f"{installed}: series {stamp['series_hash'][:12]} is installed{how}", stamp)
         return InstallState("stale", f"{installed} installed as series {stamp['series_hash'][:12]}; wanted "
-                            f"{describe_patches([p.name for p in want], series)}, series {series_hash(want)[:12]}",
+                            f"{describe_patches([p.name for p in want], series)}, series {series_hash(want)[:12]}; `install"
+                            + (f" --through {through}" if len(want) < len(series) else "") + "` replaces it",
                             stamp)
     carried = [rel for rel in torch_paths(want) if kinds[rel] != "pristine"]
     if carried:
@@ -226,7 +229,7 @@ def install_state(sp: Path, series: list[Patch], pinned: str, through: str | Non
                             + ", ".join(carried) + "; `install` puts the series in place properly", None)
     if not want:
         return InstallState("current", "the series is empty; torch is pristine", None)
-    return InstallState("pristine", "torch is as the wheel installed it", None)
+    return InstallState("pristine", "torch is as the wheel installed it; `install` installs the series", None)
 
 
 # --------------------------------------------------------------------------- the journaled switch
