@@ -67,49 +67,63 @@ HIERARCHY_GM_KEYS = frozenset({"call_hierarchy_root"})
 class Normalizer:
     """Removes from text what differs between two processes compiling the same program.
 
-    Renumbered families keep their identity relations within one program: ``__compiled_fn_7``
-    becomes ``__compiled_fn_<1>`` wherever it appears, so a reference to another graph or another
-    resume function than before is still a difference.
+    Counters are renumbered by first appearance, so identity relations are still compared:
+    ``__compiled_fn_7`` becomes ``__compiled_fn_<1>`` wherever it appears in the program, and a
+    reference to another graph or resume function than before is still a difference.
     """
 
-    # (pattern, family): the first group is renumbered within the family.
-    RENUMBERED = [
-        (re.compile(r"__compiled_fn_(\d+)"), "compiled_fn"),
-        (re.compile(r"__resume_at_(\d+_\d+)"), "resume_at"),
+    # (pattern, family): group 1 is renumbered within the family, for the whole program.
+    PROGRAM_COUNTERS = [
+        # Dynamo's unique_id(): one process-global counter behind the names of compiled graphs,
+        # resume functions and installed globals.
+        (re.compile(r"(?:__compiled_fn|__resume_at_\d+|__builtins_dict__|__warnings_warn_wrapper|"
+                    r"__gen_rand_values|__comprehension_\w+?_at_\d+|___context_manager_\d+)_(\d+)"), "unique_id"),
+        # install_global_by_id names: {prefix}_{id}_c{OutputGraph.compile_id}, a process-global counter.
+        (re.compile(r"_\d{9,}_c(\d+)"), "compile_id"),
         (re.compile(r"<eval_with_key>\.(\d+)"), "eval_with_key"),
         (re.compile(r"_tensor_constant(\d+)"), "tensor_constant"),
-        # id() of objects (nn_module_stack keys, ID_MATCH guards, NodeSource.graph_id): addresses.
-        # (also inside names such as G['_140185255909456_c0'], Dynamo's globals for objects).
-        (re.compile(r"(?<![0-9A-Za-z.])(\d{9,})(?![0-9A-Za-z.])"), "id"),
     ]
+    # id() of objects (nn_module_stack keys, ID_MATCH/TYPE_MATCH guards, NodeSource.graph_id,
+    # names such as G['_140185255909456_c0']): addresses, renumbered within each artifact (an
+    # extra object early in a program would otherwise renumber every later artifact).
+    ID = re.compile(r"(?<![0-9A-Za-z.])(\d{9,})(?![0-9A-Za-z.])")
     FIXED = [
         (re.compile(r"0x[0-9a-fA-F]+"), "0x?"),
         # uuids, also as the suffix of __compiled_fn_N_<uuid with underscores>
         (re.compile(r"[0-9a-f]{8}([-_])[0-9a-f]{4}\1[0-9a-f]{4}\1[0-9a-f]{4}\1[0-9a-f]{12}"), "<uuid>"),
     ]
 
-    def __init__(self) -> None:
+    def __init__(self, edited_torch_files: list[str]) -> None:
         self.families: dict[str, dict[str, int]] = {}
         self.paths = sorted({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}, key=len,
                             reverse=True)
+        # The series edits these torch files, so the line numbers of their frames (in stack traces
+        # and in the source comments of guards) move between the fixes-only build and the whole
+        # series; file, function and source line are still compared.
+        files = "|".join(re.escape(f.removeprefix("torch/")) for f in edited_torch_files)
+        self.edited_lines = [
+            re.compile(rf'(File "<site-packages>/torch/(?:{files})", line )\d+'),
+            re.compile(rf"((?<![\w/])(?:{files}):)\d+(?= in )"),
+        ] if files else []
 
-    def number(self, family: str, raw: str) -> int:
-        table = self.families.setdefault(family, {})
-        return table.setdefault(raw, len(table) + 1)
+    @staticmethod
+    def renumber(pattern: re.Pattern[str], table: dict[str, int], text: str) -> str:
+        def sub(m: re.Match[str]) -> str:
+            n = table.setdefault(m.group(1), len(table) + 1)
+            return m.group(0)[: m.start(1) - m.start(0)] + f"<{n}>" + m.group(0)[m.end(1) - m.start(0):]
+        return pattern.sub(sub, text)
 
     def __call__(self, text: str) -> str:
         for path in self.paths:  # the venv differs between builds (a) and (b)/(c)
             text = text.replace(path, "<site-packages>")
         text = text.replace(str(REPO_ROOT), "<repo>")
+        for pattern in self.edited_lines:
+            text = pattern.sub(r"\1?", text)
         for pattern, repl in self.FIXED:
             text = pattern.sub(repl, text)
-        for pattern, family in self.RENUMBERED:
-            text = pattern.sub(
-                lambda m, f=family: m.group(0)[: m.start(1) - m.start(0)] + f"<{self.number(f, m.group(1))}>"
-                + m.group(0)[m.end(1) - m.start(0):],
-                text,
-            )
-        return text
+        for pattern, family in self.PROGRAM_COUNTERS:
+            text = self.renumber(pattern, self.families.setdefault(family, {}), text)
+        return self.renumber(self.ID, {}, text)
 
 
 def norm_value(value: Any, seq: Callable[[int], str], depth: int = 0) -> str:
@@ -564,6 +578,10 @@ def main(argv: list[str] | None = None) -> int:
     # torch_key() hashes torch's own source files, which differ between the fixes-only build and
     # the whole series by construction; every other field of the cache keys must be equal.
     torch._inductor.codecache.torch_key = lambda: b"torch_key"  # type: ignore[assignment]
+    sys.path.insert(0, str(REPO_ROOT))
+    from scripts import series
+
+    edited = series.torch_paths(series.load_series(REPO_ROOT / "patches"))
     result: dict[str, dict[str, str]] = {}
     for name, program in CORPUS.items():
         if args.only and name not in args.only:
@@ -571,7 +589,7 @@ def main(argv: list[str] | None = None) -> int:
         rec = Recorder()
         with recording(rec):
             program(rec)
-        normalize = Normalizer()
+        normalize = Normalizer(edited)
         result[name] = {key: normalize(text) for key, text in rec.artifacts.items()}
     args.out.write_text(json.dumps(result, indent=1, sort_keys=True))
     return 0
