@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,15 @@ import pytest
 from scripts import series as S
 
 from .conftest import BASE_FILES, FAKE_COMMIT, edit, git, install_wheel, make_wheel, numbered, tree_hashes
+
+
+@pytest.fixture
+def make_checkout(make_checkout):  # noqa: F811 - the conftest fixture, with PyTorch's version.txt added
+    """A fake PyTorch checkout: the fake torch files plus version.txt naming 2.13 (PyTorch keeps its
+    version there), as `apply` requires of a checkout that lacks the base commit."""
+    def make(name: str = "pytorch", files: dict[str, str] | None = None) -> Path:
+        return make_checkout(name, {**(files or BASE_FILES), "version.txt": "2.13.0a0\n"})
+    return make
 
 
 def snapshot(layout: S.Layout) -> dict[str, bytes]:
@@ -285,7 +295,13 @@ def test_install_refuses_hand_edited_files(series_layout: S.Layout, site_package
     with pytest.raises(S.SeriesError, match="torch/fx/node.py"):
         S.install(site_packages, series, "2.13.0")
     assert target.read_text().endswith("# my debugging\n")
-    assert "overwrote local edits to torch/fx/node.py" in S.revert(site_packages, "2.13.0")
+    # issue 15 case 6: --revert never discards hand edits silently: it refuses, or saves them first
+    with pytest.raises(S.SeriesError, match=r"(?s)refusing to revert: torch/fx/node.py .*--force to save them"):
+        S.revert(site_packages, "2.13.0")
+    assert target.read_text().endswith("# my debugging\n")
+    msg = S.revert(site_packages, "2.13.0", force=True)
+    saved = Path(re.search(r"saved your edits to torch/fx/node.py in (\S+)", msg).group(1))
+    assert (saved / "torch/fx/node.py").read_text().endswith("# my debugging\n")
     assert target.read_text() == BASE_FILES["torch/fx/node.py"]
 
 
@@ -503,3 +519,60 @@ def test_cli_through(series_layout: S.Layout, site_packages: Path) -> None:
     assert cli("status", "--through", "0003", *sp).stdout.startswith("stale: patches 0001..0002 of 3")
     bad = cli("setup", "--venv", str(series_layout.root / "v"), "--through", "nope")
     assert bad.returncode == 2 and "no such patch" in bad.stderr and not (series_layout.root / "v").exists()
+
+
+# --------------------------------------------------------------------------- Python matrix (--python 3.X)
+
+
+def fake_pyenv(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, versions: list[str]) -> Path:
+    """A `pyenv` on PATH whose root holds versions/<v>/bin/python for each version."""
+    root, bindir = tmp_path / "pyenv-root", tmp_path / "bin"
+    bindir.mkdir()
+    for v in versions:
+        (root / "versions" / v / "bin").mkdir(parents=True)
+        (root / "versions" / v / "bin" / "python").write_text("#!/bin/sh\n")
+    (bindir / "pyenv").write_text(f"#!/bin/sh\n[ \"$1\" = root ] && echo {root}\n")
+    (bindir / "pyenv").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}:/usr/bin:/bin")
+    return root
+
+
+def test_find_python_uses_pyenv_and_names_what_is_missing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = fake_pyenv(tmp_path, monkeypatch, ["3.10.2", "3.10.13", "3.12.1", "3.100.0"])
+    assert S.find_python("3.10") == str(root / "versions/3.10.13/bin/python")  # newest patch release
+    assert S.find_python("3.12") == str(root / "versions/3.12.1/bin/python")
+    assert S.find_python(f"3.{sys.version_info[1]}") == sys.executable
+    with pytest.raises(S.SeriesError, match=r"Python 3\.9 is not available.*versions/3\.9\.\*/bin/python.*pyenv install 3\.9"):
+        S.find_python("3.9")
+    with pytest.raises(S.SeriesError, match="give a Python version"):
+        S.find_python("ten")
+
+
+def test_setup_for_a_missing_python_creates_nothing(series_layout: S.Layout, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    fake_pyenv(tmp_path, monkeypatch, ["3.12.1"])
+    with pytest.raises(S.SeriesError, match=r"Python 3\.9 is not available"):
+        S.setup(series_layout, python="3.9")
+    assert not (series_layout.root / ".venv-py3.9").exists()
+
+
+def test_matrix_venvs_and_pins(series_layout: S.Layout, tmp_path: Path) -> None:
+    root = series_layout.root
+    assert S.matrix_venv(series_layout, None) == S.matrix_venv(series_layout, "3.11") == root / ".venv"
+    assert S.matrix_venv(series_layout, "3.10") == root / ".venv-py3.10"
+    with pytest.raises(S.SeriesError, match=r"no venv for Python 3\.10 .*setup --python 3\.10"):
+        S.upstream_python(series_layout, "3.10")
+    (root / ".venv-py3.10" / "bin").mkdir(parents=True)
+    (root / ".venv-py3.10" / "bin" / "python").write_text("")
+    assert S.upstream_python(series_layout, "3.10") == root / ".venv-py3.10" / "bin" / "python"
+    assert S.upstream_python(series_layout, "/opt/py/bin/python") == Path("/opt/py/bin/python")  # a path, as before
+    req = tmp_path / "requirements.txt"
+    req.write_text("# pins\ntorch==2.13.0\npytest==9.2.0\nexpecttest==0.3.0  # why\n"
+                   'numpy==2.4.6; python_version >= "3.11"\nnumpy==2.2.6; python_version < "3.11"\n')
+    assert S.pinned_requirements(req, S.UPSTREAM_TEST_REQUIREMENTS) == [
+        "torch==2.13.0", "expecttest==0.3.0", 'numpy==2.4.6; python_version >= "3.11"',
+        'numpy==2.2.6; python_version < "3.11"']
+    assert S.pinned_requirements(S.REPO_ROOT / "requirements.txt", S.UPSTREAM_TEST_REQUIREMENTS)[0] == "torch==2.13.0"
+    req.write_text("torch==2.13.0\n")
+    with pytest.raises(S.SeriesError, match="pins no exact version of expecttest, numpy"):
+        S.pinned_requirements(req, S.UPSTREAM_TEST_REQUIREMENTS)

@@ -1,0 +1,41 @@
+"""Workbench for the RFC-0051 patch series against PyTorch (stdlib only).
+
+Usage: python3 -m scripts.series <command> [options]   (from the repository root)
+
+  setup           create .venv (Python 3.11, pinned requirements; --python 3.X: .venv-py3.X) and install the series
+  workspace       build build/workspace: torch sources at the base + one commit per patch
+  export          regenerate patches/ from the workspace commits (byte-stable)
+  apply CHECKOUT  git am --3way the series onto a PyTorch checkout
+  install         patch the torch/ files of the torch installed in a venv (--revert undoes)
+  status          pristine / current / stale / modified state of the venv's torch
+  radar           does the series still apply to another torch release wheel?
+  upstream-tests  run the upstream test files that the series adds or changes
+
+Errors print `error: ...` and exit 2; a conflict (left recoverable) exits 1.
+
+Modules, one guarantee each: git (errors, layout, git and wheels), patches (patch files, the series,
+patches/integrity.json), workspace (import/export), apply (onto a checkout), install (the venv's torch,
+all or nothing), radar, upstream (upstream tests), envs (setup, Python matrix), cli.
+"""
+
+from .apply import am_failure_report, applied_prefix, apply_to_checkout, check_target, failed_paths, run_am
+from .envs import (
+    DEFAULT_PYTHON, UPSTREAM_TEST_REQUIREMENTS, find_python, install_actionlint, matrix_venv, pinned_requirements,
+    python311, setup, upstream_python,
+)
+from .git import (
+    BOT, FIXED_DATE, REPO_ROOT, Layout, SeriesConflict, SeriesError, blob_id, commit_all, extract_wheel_sources,
+    find_wheel, git, git_dir, init_repo, isolated_env, operation_in_progress, sha256_file, sha256_or_none, user_env,
+)
+from .install import (
+    BACKUP_DIR, JOURNAL_DIR, STAMP_DIR, InstallState, classify, install, install_state, installed_torch, read_journal,
+    read_stamp, record_hashes, revert, roll_back, site_packages, switch, torch_paths,
+)
+from .patches import (
+    INTEGRITY, FileChange, Patch, describe_patches, integrity_text, load_series, parse_patch, post_images,
+    prefix_length, series_hash, series_names, verify_integrity, verify_postimages, write_integrity,
+)
+from .radar import offset_files, radar
+from .upstream import extract_tests, run_upstream_tests, upstream_test_env, upstream_test_files
+from .workspace import FORMAT_PATCH_FLAGS, build_workspace, export, format_patches, workspace_problems
+from .cli import main

