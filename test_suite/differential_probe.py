@@ -38,7 +38,7 @@ import sysconfig
 import types
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch._dynamo
@@ -73,7 +73,7 @@ class Normalizer:
     """
 
     # (pattern, family): group 1 is renumbered within the family, for the whole program.
-    PROGRAM_COUNTERS = [
+    PROGRAM_COUNTERS: ClassVar[list[tuple[re.Pattern[str], str]]] = [
         # Dynamo's unique_id(): one process-global counter behind the names of compiled graphs,
         # resume functions and installed globals.
         (re.compile(r"(?:__compiled_fn|__resume_at_\d+|__builtins_dict__|__warnings_warn_wrapper|"
@@ -87,7 +87,7 @@ class Normalizer:
     # names such as G['_140185255909456_c0']): addresses, renumbered within each artifact (an
     # extra object early in a program would otherwise renumber every later artifact).
     ID = re.compile(r"(?<![0-9A-Za-z.])(\d{9,})(?![0-9A-Za-z.])")
-    FIXED = [
+    FIXED: ClassVar[list[tuple[re.Pattern[str], str]]] = [
         (re.compile(r"0x[0-9a-fA-F]+"), "0x?"),
         # uuids, also as the suffix of __compiled_fn_N_<uuid with underscores>
         (re.compile(r"[0-9a-f]{8}([-_])[0-9a-f]{4}\1[0-9a-f]{4}\1[0-9a-f]{4}\1[0-9a-f]{12}"), "<uuid>"),
@@ -130,7 +130,10 @@ def norm_value(value: Any, seq: Callable[[int], str], depth: int = 0) -> str:
     """A repr of a meta value that names no address; tensors by their metadata."""
     if depth > 8:
         return "..."
-    rec = lambda v: norm_value(v, seq, depth + 1)  # noqa: E731
+
+    def rec(v: Any) -> str:
+        return norm_value(v, seq, depth + 1)
+
     if isinstance(value, torch.Tensor):
         try:
             stride = tuple(value.stride())
@@ -198,19 +201,19 @@ def fx_cache_key(gm: torch.fx.GraphModule, example_inputs: list[Any], is_backwar
         with sanitize_gm_for_cache(gm):
             key, lines = torch._inductor.codecache.compiled_fx_graph_hash(
                 gm, example_inputs, {"is_backward": is_backward, "static_input_idxs": []}, [])
-    except Exception as exc:  # an uncacheable graph: say so, that is comparable too
-        return f"uncacheable: {type(exc).__name__}"
+    except torch._inductor.codecache.BypassFxGraphCache as exc:  # uncacheable: comparable too
+        return f"uncacheable: {exc}"
     return "\n".join([key, *lines])
 
 
 def bytecode(code: types.CodeType) -> str:
     """The full listing of a code object and every code object in its constants."""
-    out = [f"code {code.co_qualname} (firstlineno {code.co_firstlineno}, argcount {code.co_argcount}, "
-           f"flags {code.co_flags}, nlocals {code.co_nlocals}, stacksize {code.co_stacksize})",
+    out = [(f"code {code.co_qualname} (firstlineno {code.co_firstlineno}, argcount {code.co_argcount}, "
+            f"flags {code.co_flags}, nlocals {code.co_nlocals}, stacksize {code.co_stacksize})"),
            f"  varnames {code.co_varnames}", f"  freevars {code.co_freevars}",
            f"  cellvars {code.co_cellvars}", f"  names {code.co_names}",
-           "  consts " + ", ".join(c.co_qualname if isinstance(c, types.CodeType) else repr(c)
-                                   for c in code.co_consts),
+           ("  consts " + ", ".join(c.co_qualname if isinstance(c, types.CodeType) else repr(c)
+                                    for c in code.co_consts)),
            dis.Bytecode(code, show_caches=False).dis()]
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
