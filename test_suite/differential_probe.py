@@ -231,6 +231,7 @@ class Recorder:
         self.artifacts: dict[str, str] = {}
         self.codes: list[types.CodeType] = []  # codes Dynamo converted, in order, no duplicates
         self.graphs = 0
+        self.seq_numbers: dict[int, int] = {}
 
     def add(self, name: str, text: str) -> None:
         assert name not in self.artifacts, name
@@ -260,13 +261,10 @@ class Recorder:
                             inference_compiler=compiler("inference"),
                             partition_fn=min_cut_rematerialization_partition)(gm, example_inputs)
 
-    # seq_nr is a process-global autograd counter: renumber it by first appearance (the text
-    # normalizer would not know that these small integers are counters).
-    seq_numbers: dict[int, int]
-
     def seq(self, value: int) -> str:
-        table = self.__dict__.setdefault("seq_numbers", {})
-        return f"seq<{table.setdefault(value, len(table) + 1)}>"
+        """seq_nr is a process-global autograd counter: renumber it by first appearance within the
+        program (the text normalizer cannot tell these small integers from other values)."""
+        return f"seq<{self.seq_numbers.setdefault(value, len(self.seq_numbers) + 1)}>"
 
     def record_cache_entries(self) -> None:
         seen: dict[str, int] = {}
