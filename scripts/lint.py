@@ -16,6 +16,7 @@ of the line, so moved lines do not count as new.
 
 import argparse
 import collections
+import concurrent.futures
 import json
 import re
 import shutil
@@ -199,8 +200,11 @@ def main(argv: list[str] | None = None) -> int:
                 base, patched = readers_from_venv(args.venv, patches, tmp)
             base_files = write_tree(tmp / "base", files, base)
             patched_files = write_tree(tmp / "patched", files, patched)
-            base_findings, _ = lint_tree(tmp / "base", base_files, [], args.venv)
-            findings, shown = lint_tree(tmp / "patched", patched_files, created, args.venv)
+            with concurrent.futures.ThreadPoolExecutor(2) as pool:
+                base_run = pool.submit(lint_tree, tmp / "base", base_files, [], args.venv)
+                patched_run = pool.submit(lint_tree, tmp / "patched", patched_files, created, args.venv)
+                base_findings, _ = base_run.result()
+                findings, shown = patched_run.result()
     except series.SeriesError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
