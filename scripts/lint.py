@@ -145,6 +145,18 @@ def lint_tree(tree: Path, files: list[str], new_modules: list[str], venv: Path) 
     return findings, shown
 
 
+def new_findings(base: list[Finding], findings: list[Finding], shown: list[str]) -> list[str]:
+    """The shown lines of the findings the base files do not have as often (a multiset difference)."""
+    known = collections.Counter(base)
+    new = []
+    for finding, text in zip(findings, shown):
+        if known[finding] > 0:
+            known[finding] -= 1
+        else:
+            new.append(text)
+    return new
+
+
 def readers_from_venv(venv: Path, patches: list[series.Patch], tmp: Path) -> tuple[Reader, Reader]:
     sp = series.site_packages(venv)
     state = series.install_state(sp, patches, series.Layout(ROOT).base()["torch_version"])
@@ -208,13 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     except series.SeriesError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    known = collections.Counter(base_findings)
-    new = []
-    for finding, text in zip(findings, shown):
-        if known[finding] > 0:
-            known[finding] -= 1
-        else:
-            new.append(text)
+    new = new_findings(base_findings, findings, shown)
     print(f"lint: {len(patched_files)} files of the series (ruff, ruff format, usort, flake8; "
           f"mypy on {len([f for f in created if f.startswith('torch/')])} new modules): "
           f"{len(findings)} findings, {len(findings) - len(new)} also in the base files, {len(new)} new")
