@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
 # The full test suite: bootstrap .venv (pinned torch + test deps) and the patched torch, then run
-# the harness tests (test_suite/) and the upstream test files the series adds or changes.
+# the lint and docs checks of the series, the harness tests (test_suite/) and the upstream test
+# files the series adds or changes, on Python 3.11 and on 3.10 (the oldest Python torch 2.13
+# supports; its venv takes about 5 minutes to create, its upstream tests about 2).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 python3 -m scripts.series setup || exit $?
 status=0
+python3 -m scripts.lint || status=1
+python3 -m scripts.docs_check || status=1
 .venv/bin/python -m pytest test_suite "$@" || status=1
 python3 -m scripts.series upstream-tests || status=1
+{ python3 -m scripts.series setup --python 3.10 && python3 -m scripts.series upstream-tests --python 3.10; } || status=1
 exit $status

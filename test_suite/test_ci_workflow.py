@@ -62,18 +62,28 @@ def test_ci_run_calls_the_readme_command_only() -> None:
 
 
 def test_run_tests_fails_when_a_part_fails(tmp_path: Path) -> None:
-    """ci/run_tests.sh must propagate a failure of pytest or of the upstream tests."""
+    """ci/run_tests.sh must propagate a failure of any part: pytest, the upstream tests (on 3.11
+    or on 3.10, or the 3.10 setup), the lint or the docs check."""
     fake = tmp_path / "repo"
     (fake / "ci").mkdir(parents=True)
     (fake / "scripts").mkdir()
     shutil.copy(S.REPO_ROOT / "ci" / "run_tests.sh", fake / "ci" / "run_tests.sh")
     (fake / ".venv" / "bin").mkdir(parents=True)
-    for rc_pytest, rc_upstream, expected in ((0, 0, 0), (1, 0, 1), (0, 1, 1)):
+    cases = [  # pytest, upstream-tests (3.11), setup --python 3.10, upstream-tests --python 3.10, lint, docs
+        ((0, 0, 0, 0, 0, 0), 0), ((1, 0, 0, 0, 0, 0), 1), ((0, 1, 0, 0, 0, 0), 1), ((0, 0, 1, 0, 0, 0), 1),
+        ((0, 0, 0, 1, 0, 0), 1), ((0, 0, 0, 0, 1, 0), 1), ((0, 0, 0, 0, 0, 1), 1),
+    ]
+    for (rc_pytest, rc_up, rc_setup310, rc_up310, rc_lint, rc_docs), expected in cases:
         (fake / ".venv" / "bin" / "python").write_text(f"#!/bin/sh\nexit {rc_pytest}\n")
         (fake / ".venv" / "bin" / "python").chmod(0o755)
         (fake / "scripts" / "__init__.py").write_text("")
         (fake / "scripts" / "series.py").write_text(
-            f"import sys\nsys.exit(0 if sys.argv[1] == 'setup' else {rc_upstream})\n")
+            "import sys\n"
+            "py310 = sys.argv[2:4] == ['--python', '3.10']\n"
+            f"rc = {{'setup': {rc_setup310} if py310 else 0, 'upstream-tests': {rc_up310} if py310 else {rc_up}}}\n"
+            "sys.exit(rc[sys.argv[1]])\n")
+        (fake / "scripts" / "lint.py").write_text(f"import sys\nsys.exit({rc_lint})\n")
+        (fake / "scripts" / "docs_check.py").write_text(f"import sys\nsys.exit({rc_docs})\n")
         proc = subprocess.run(["bash", "ci/run_tests.sh"], cwd=fake, capture_output=True,
                               env=dict(os.environ, PYTHONPATH=""))
-        assert proc.returncode == expected, (rc_pytest, rc_upstream, proc.stderr)
+        assert proc.returncode == expected, (rc_pytest, rc_up, rc_setup310, rc_up310, rc_lint, rc_docs, proc.stderr)
