@@ -426,6 +426,8 @@ def _is_root_frame(root: dict[str, Any], top: dict[str, Any]) -> bool:
 def relation_problem(f: tuple[Any, ...], b: tuple[Any, ...], root: dict[str, Any],
                      top: dict[str, Any], nested: bool) -> str | None:
     """None when B (graph-broken) is a sound relative version of F (fullgraph), else why not."""
+    if any(e["type"] == "unknown_frames" for e in b):
+        return unknown_frames_problem(f, b, root, top, nested)
     k = len(f) - len(b)
     if (k < 0 or k == 0 and not _is_root_frame(root, top)) and b and b[0]["type"] == "function" and nested \
             and root["resume_lineno"] is not None:
@@ -449,32 +451,96 @@ def relation_problem(f: tuple[Any, ...], b: tuple[Any, ...], root: dict[str, Any
             return f"relative to F[{k - 1}]: {why}"
         base = anchor["path"] if anchor["type"] == "module" else None
     for i, (fe, be) in enumerate(zip(f[k:], b)):
-        where = f"entry {i}"
-        if be["type"] == "module":
-            if fe["type"] != "module":
-                return f"{where}: module entry for a function call"
-            for key in ("attr", "class", "class_qualname"):
-                if fe[key] != be[key]:
-                    return f"{where}: {key} {be[key]!r} != {fe[key]!r}"
-            expected = _rel(fe["path"], base)
-            if expected is None:
-                if not (fe["path"] == be["path"] or fe["path"].endswith("." + be["path"])):
-                    return f"{where}: path {be['path']!r} is not a suffix of {fe['path']!r}"
-            elif be["path"] != expected:
-                return f"{where}: path {be['path']!r} != {expected!r} (fullgraph {fe['path']!r})"
-        elif fe["type"] == "function":
-            if not _same_function(fe, be):
-                return f"{where}: function {be['qualname']} != {fe['qualname']}"
-        else:
-            # function entry standing for a module call: the inlined rest of a module's frame
-            if not nested:
-                return f"{where}: function entry {be['qualname']} for module {fe['path']} without nested_graph_breaks"
-            if root["resume_lineno"] is None:
-                return f"{where}: function entry {be['qualname']} for module {fe['path']} in a graph that is not a resume"
-            if not _defines(fe["class_qualname"], be["module"], be["qualname"]):
-                return f"{where}: {be['qualname']} is not a method of {fe['class_qualname']}"
-            base = fe["path"]
+        why, base = _entry_problem(f"entry {i}", fe, be, base, root, nested)
+        if why:
+            return why
     return None
+
+
+def _entry_problem(where: str, fe: Any, be: Any, base: str | None, root: dict[str, Any],
+                   nested: bool) -> tuple[str | None, str | None]:
+    """Why B's entry ``be`` does not stand for F's entry ``fe`` (None if it does), and the module
+    path that the following B entries are relative to."""
+    if be["type"] == "unknown_frames":
+        return f"{where}: marker of unknown frames for {fe['type']} entry", base
+    if be["type"] == "module":
+        if fe["type"] != "module":
+            return f"{where}: module entry for a function call", base
+        for key in ("attr", "class", "class_qualname"):
+            if fe[key] != be[key]:
+                return f"{where}: {key} {be[key]!r} != {fe[key]!r}", base
+        expected = _rel(fe["path"], base)
+        if expected is None:
+            if not (fe["path"] == be["path"] or fe["path"].endswith("." + be["path"])):
+                return f"{where}: path {be['path']!r} is not a suffix of {fe['path']!r}", base
+        elif be["path"] != expected:
+            return f"{where}: path {be['path']!r} != {expected!r} (fullgraph {fe['path']!r})", base
+    elif fe["type"] == "function":
+        if not _same_function(fe, be):
+            return f"{where}: function {be['qualname']} != {fe['qualname']}", base
+    else:
+        # function entry standing for a module call: the inlined rest of a module's frame
+        if not nested:
+            return f"{where}: function entry {be['qualname']} for module {fe['path']} without nested_graph_breaks", base
+        if root["resume_lineno"] is None:
+            return f"{where}: function entry {be['qualname']} for module {fe['path']} in a graph that is not a resume", base
+        if not _defines(fe["class_qualname"], be["module"], be["qualname"]):
+            return f"{where}: {be['qualname']} is not a method of {fe['class_qualname']}", base
+        base = fe["path"]
+    return None, base
+
+
+def unknown_frames_problem(f: tuple[Any, ...], b: tuple[Any, ...], root: dict[str, Any],
+                           top: dict[str, Any], nested: bool) -> str | None:
+    return unknown_frames_alignment(f, b, root, top, nested)[0]
+
+
+def unknown_frames_alignment(f: tuple[Any, ...], b: tuple[Any, ...], root: dict[str, Any],
+                             top: dict[str, Any], nested: bool) -> tuple[str | None, list[int]]:
+    """None when B, which has ``<frames not known statically>`` markers, is a sound version of F.
+
+    A marker (patch 0005: frames between a resume function and the nested one it calls) stands for
+    zero or more F entries; module paths after it are relative to an unknown local (any dotted
+    suffix). Every other B entry must stand for the F entry it is aligned with, except the
+    continued rest of a module's own ``forward`` that the fullgraph absorbed into the module's
+    scope (a method of the class of the module entry before, or of the root module), which stands
+    for no F entry; and B must end where F ends. Also returns, for each B entry, how many F entries B's prefix up to it covers."""
+    if not nested or root["resume_lineno"] is None:
+        return "marker of unknown frames outside a resume graph with nested_graph_breaks", []
+    last = "no alignment"
+    ends: list[int] = [0] * len(b)
+
+    def match(fi: int, bj: int, base: str | None) -> bool:
+        nonlocal last
+        if bj == len(b):
+            if fi == len(f):
+                return True
+            last = f"B ends {len(f) - fi} entries above F"
+            return False
+        if b[bj]["type"] == "unknown_frames":
+            for skip in range(len(f) - fi + 1):
+                ends[bj] = fi + skip
+                if match(fi + skip, bj + 1, None):
+                    return True
+            return False
+        if b[bj]["type"] == "function" and bj > 0 and b[bj - 1]["type"] == "unknown_frames":
+            owner = top["module_class"] if fi == 0 else (
+                f[fi - 1]["class_qualname"] if f[fi - 1]["type"] == "module" else None)
+            if owner is not None and _defines(owner, b[bj]["module"], b[bj]["qualname"]):
+                ends[bj] = fi
+                if match(fi, bj + 1, base):
+                    return True
+        if fi == len(f):
+            last = f"entry {bj}: deeper than the fullgraph hierarchy"
+            return False
+        why, next_base = _entry_problem(f"entry {bj}", f[fi], b[bj], base, root, nested)
+        if why:
+            last = why
+            return False
+        ends[bj] = fi + 1
+        return match(fi + 1, bj + 1, next_base)
+
+    return (None, ends) if match(0, 0, None) else (last, [])
 
 
 # --------------------------------------------------------------------------------------------
@@ -540,8 +606,14 @@ def check_case(full: Graph, rec: Recorder, nested: bool) -> list[str]:
     back: dict[int, dict[tuple[Any, ...], set[tuple[Any, ...]]]] = {}
     for p in pairs:
         k = len(p.full.hierarchy) - len(p.broken.hierarchy)
+        ends = [k + d for d in range(1, len(p.broken.hierarchy) + 1)]
+        if any(e["type"] == "unknown_frames" for e in p.broken.hierarchy):
+            ends = unknown_frames_alignment(p.full.hierarchy, p.broken.hierarchy, p.graph.root, full.root,
+                                            nested)[1]
         for d in range(1, len(p.broken.hierarchy) + 1):
-            bk, fk = _key(p.broken.hierarchy[:d]), _key(p.full.hierarchy[:k + d])
+            if p.broken.hierarchy[d - 1]["type"] == "unknown_frames" or d > len(ends):
+                continue  # a marker stands for whatever frames the chain passed through
+            bk, fk = _key(p.broken.hierarchy[:d]), _key(p.full.hierarchy[:ends[d - 1]])
             by_exec.setdefault(p.execution, {}).setdefault(bk, set()).add(fk)
             back.setdefault(p.execution, {}).setdefault(fk, set()).add(bk)
     for ex, table in by_exec.items():

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 from torch import fx, nn
-from torch.fx.call_hierarchy import CallHierarchyEntry, FunctionCallEntry, ModuleCallEntry
+from torch.fx.call_hierarchy import CallHierarchyEntry, FunctionCallEntry, ModuleCallEntry, UnknownFramesEntry
 
 Hierarchy = tuple[CallHierarchyEntry, ...]
 
@@ -143,7 +143,8 @@ class RuntimeScopes:
                         ModuleCallEntry(entry["attr"], path, entry["class"], entry["class_qualname"], entry.count)  # type: ignore[arg-type]
                     )
                 else:
-                    assert isinstance(entry, FunctionCallEntry)
+                    # a function, or frames a shared resume function cannot name (kept as such)
+                    assert isinstance(entry, (FunctionCallEntry, UnknownFramesEntry))
                     entries.append(entry)
             result = (self.root_label, *labels(entries))
             self._memo[key] = result
