@@ -191,6 +191,12 @@ def _innermost_line(node: Any) -> tuple[str, int] | None:
     return (frames[-1][0], int(frames[-1][1])) if frames else None
 
 
+# Nodes Dynamo inserts itself (OutputGraph.create_node: grad mode, autocast), not user code: they
+# carry no call_hierarchy (RFC.md, Transforms).
+DYNAMO_INSERTED = {torch._C._set_grad_enabled, torch.amp.autocast_mode._enter_autocast,
+                   torch.amp.autocast_mode._exit_autocast}
+
+
 class Recorder:
     """A backend whose compiled callables log, each time they run, which graph ran."""
 
@@ -199,12 +205,13 @@ class Recorder:
         self.executions: list[int] = []
 
     def __call__(self, gm: Any, example_inputs: list[Any]) -> Callable[..., Any]:
+        nodes = [n for n in gm.graph.nodes if n.op in ("call_function", "call_method")
+                 and n.target not in DYNAMO_INSERTED]
         ops = [Op(n.name, _target(n), _innermost_line(n), tuple(n.meta.get("call_hierarchy", ())),
                   isinstance(n.meta.get("example_value"), torch.Tensor))
-               for n in gm.graph.nodes if n.op in ("call_function", "call_method")]
-        for n in gm.graph.nodes:
-            if n.op in ("call_function", "call_method"):
-                assert "call_hierarchy" in n.meta, (n.name, "no call_hierarchy")
+               for n in nodes]
+        for n in nodes:
+            assert "call_hierarchy" in n.meta, (n.name, "no call_hierarchy")
         graph = Graph(len(self.graphs), gm, dict(gm.meta["call_hierarchy_root"]), ops)
         self.graphs.append(graph)
 
@@ -533,6 +540,20 @@ class Pair:
     broken: Op
 
 
+# ATen ops that only move or alias data: AOTAutograd picks them by the strides it sees, which
+# depend on where graphs are split (a ``view`` in one graph is ``clone`` + ``_unsafe_view`` in
+# another). Dynamo graphs have none of these targets, so they stay strict there.
+LAYOUT_OPS = {f"aten.{name}.default" for name in (
+    "view", "_unsafe_view", "clone", "detach", "alias", "t", "expand", "permute", "transpose",
+    "reshape", "contiguous")} | {"aten.transpose.int"}
+
+
+def _must_match(op: Op) -> bool:
+    """Whether an op must have a counterpart in the other run: a tensor op that neither sums
+    gradients (its place depends on the graph split) nor only moves data in an ATen graph."""
+    return op.tensor and not op.gradient_acc and op.target not in LAYOUT_OPS
+
+
 def align(full: list[Op], executed: list[tuple[int, Graph, Op]]) -> tuple[list[Pair], list[str]]:
     """Pair executed ops with fullgraph ops (same target and innermost source line, in order)."""
     key_f = [(op.target, op.line) for op in full]
@@ -546,13 +567,13 @@ def align(full: list[Op], executed: list[tuple[int, Graph, Op]]) -> tuple[list[P
             continue
         for j in range(j1, j2):
             _, g, op = executed[j]
-            if op.tensor:
+            if _must_match(op):
                 problems.append(f"graph {g.index} op {op.node} ({op.target} at {op.line}) has no fullgraph counterpart")
         for i in range(i1, i2):
             op = full[i]
             # a fullgraph op with no counterpart must have run eagerly: a frame Dynamo skipped
             # (a graph break in a loop skips the whole frame), so no compiled op comes from its line
-            if op.tensor and op.line in lines_b:
+            if _must_match(op) and op.line in lines_b:
                 problems.append(f"fullgraph op {op.node} ({op.target} at {op.line}) is missing from the graph-broken run")
     return pairs, problems
 
@@ -565,6 +586,9 @@ def check_case(full: Graph, rec: Recorder, nested: bool) -> list[str]:
     """Every problem of a graph-broken run against the fullgraph run's only graph."""
     pairs, problems = align(full.ops, rec.executed())
     assert pairs, "nothing was compiled"
+    # A gradient accumulation's fwd_call_hierarchy is the common scope of the gradients it sums,
+    # which are the ones of its own graph: it depends on where graphs are split, by definition.
+    pairs = [p for p in pairs if not (p.full.gradient_acc or p.broken.gradient_acc)]
     for p in pairs:
         why = weaker_relation_problem(p.full.hierarchy, p.broken.hierarchy, p.graph.root, full.root, nested)
         if why:
@@ -989,15 +1013,17 @@ def shape_problems(full: list[Op], ops: list[Op], expected: Callable[[tuple[Any,
             # Where the gradients of a tensor used several times are summed depends on the graph
             # structure (inside a region body or at its call sites): such sums may differ.
             for op in ops[j1:j2]:
-                if op.tensor and not op.gradient_acc:
+                if _must_match(op):
                     problems.append(f"op {op.node} ({op.target} at {op.line}) has no fullgraph counterpart")
             for op in full[i1:i2]:
-                if op.tensor and not op.gradient_acc:
+                if _must_match(op):
                     problems.append(f"fullgraph op {op.node} ({op.target} at {op.line}) is missing")
             continue
         for f, b in zip(full[i1:i2], ops[j1:j2]):
             if f.hierarchy is None:
                 continue  # nothing to compare with (e.g. a backward op with no forward origin)
+            if f.gradient_acc or b.gradient_acc:
+                continue  # the common scope of the gradients it sums, which the graph split decides
             checked += 1
             want = expected(f.hierarchy)
             if b.hierarchy != want:
@@ -1088,6 +1114,103 @@ def test_step_root_is_the_function_and_modules_agree_with_nn_module_stack(model:
         if n.op in ("call_function", "call_method"):
             stack = [p.replace("L['model']", "model", 1) for p, _ in n.meta.get("nn_module_stack", {}).values()]
             assert [e["path"] for e in n.meta["call_hierarchy"] if e["type"] == "module"] == stack, n.name
+
+
+# --------------------------------------------------------------------------------------------
+# Graph breaks in training: AOTAutograd forward ops (call_hierarchy) and backward ops
+# (fwd_call_hierarchy) of each graph, against the fullgraph training compile
+# --------------------------------------------------------------------------------------------
+
+class TrainingRecorder(Recorder):
+    """A Recorder whose graphs go through AOTAutograd; keeps each Dynamo graph's forward and
+    (compiled when backward first reaches it) backward graph."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.aot: dict[str, dict[int, Any]] = {"forward": {}, "backward": {}}
+
+    def __call__(self, gm: Any, example_inputs: list[Any]) -> Callable[..., Any]:
+        index = len(self.graphs)
+        super().__call__(gm, example_inputs)
+
+        def fw_compiler(g: Any, inputs: Any) -> Any:
+            self.aot["forward"][index] = g
+            return make_boxed_func(g)
+
+        def bw_compiler(g: Any, inputs: Any) -> Any:
+            self.aot["backward"][index] = g
+            return make_boxed_func(g)
+
+        compiled = aot_autograd(fw_compiler=fw_compiler, bw_compiler=bw_compiler)(gm, example_inputs)
+
+        def run(*args: Any) -> Any:
+            self.executions.append(index)
+            return compiled(*args)
+
+        return run
+
+    def lowered(self, kind: str) -> Recorder:
+        """The AOTAutograd graphs of one kind as a Recorder of their own: same indices and root
+        records as the Dynamo graphs they come from; backward graphs run in the reverse order."""
+        key = "call_hierarchy" if kind == "forward" else "fwd_call_hierarchy"
+        rec = Recorder()
+        for g in self.graphs:
+            gm = self.aot[kind].get(g.index)
+            ops = [op for op in flat_ops(gm, key) if op.hierarchy is not None] if gm is not None else []
+            rec.graphs.append(Graph(g.index, gm, g.root, ops))
+        order = self.executions if kind == "forward" else self.executions[::-1]
+        rec.executions = [i for i in order if i in self.aot[kind]]
+        return rec
+
+
+def run_training(spec: ModelSpec, *, site: str | None, nested: bool) -> TrainingRecorder:
+    rec = TrainingRecorder()
+    model = spec.make().train()
+    args, kwargs = spec.inputs(spec.sizes[0])
+    args = tuple(a.requires_grad_() if a.is_floating_point() else a for a in args)
+    torch._dynamo.reset()
+    try:
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(torch._dynamo.config.patch(record_call_hierarchy=True, nested_graph_breaks=nested))
+            if site is not None:
+                stack.enter_context(spec.inserting(site))
+            compiled = torch.compile(model, backend=rec, fullgraph=site is None)
+            CORPUS[spec.name].loss(compiled(*args, **kwargs)).backward()
+    finally:
+        torch._dynamo.reset()
+    return rec
+
+
+_TRAIN_FULL: dict[str, TrainingRecorder] = {}
+
+
+def training_fullgraph(spec: ModelSpec, kind: str) -> Graph:
+    if spec.name not in _TRAIN_FULL:
+        rec = run_training(spec, site=None, nested=False)
+        assert len(rec.graphs) == 1 and rec.executions == [0]
+        _TRAIN_FULL[spec.name] = rec
+    (graph,) = _TRAIN_FULL[spec.name].lowered(kind).graphs
+    return graph
+
+
+# Every synthetic site; the Qwen2 points where a break splits the layers, the attention and helpers.
+TRAIN_CASES = [_case("synthetic", s, c) for c in CONFIGS for s in SITES]
+TRAIN_CASES += [_case("qwen2", p, c) for c in CONFIGS for p in (
+    "Qwen2DecoderLayer.forward", "Qwen2Attention.forward", "Qwen2MLP.forward", "rotate_half")]
+
+
+@pytest.mark.parametrize(("model", "site", "config"), TRAIN_CASES)
+def test_differential_training(model: str, site: str, config: str) -> None:
+    nested = CONFIGS[config]
+    spec = SPECS[model]
+    rec = run_training(spec, site=site, nested=nested)
+    assert len(rec.graphs) > 1, f"no graph break at {site}"
+    report = []
+    for kind in ("forward", "backward"):
+        lowered = rec.lowered(kind)
+        assert lowered.executions, f"no {kind} graph ran"
+        report += [f"[{kind}] {p}" for p in check_case(training_fullgraph(spec, kind), lowered, nested)]
+    assert not report, f"{len(report)} problem(s):\n" + "\n".join(report[:20])
 
 
 # --------------------------------------------------------------------------------------------
