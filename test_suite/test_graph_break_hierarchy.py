@@ -1,6 +1,30 @@
-"""Differential test of ``node.meta["call_hierarchy"]`` across graph breaks (RFC-0051, issue 5).
+"""Differential test of ``node.meta["call_hierarchy"]`` against the fullgraph compile of the model
+(RFC-0051, issues 5 and 11): the hierarchy of every op under each way users compile a model equals,
+for the same op occurrence, its fullgraph hierarchy, or a weaker sound answer RFC.md documents.
 
-Needs the patched torch (``.venv``).  For every model and every graph-break insertion point, under
+Corpus: a synthetic model (helpers, a module shared between the root and every layer), tiny
+Hugging Face Qwen2 and tiny GPT-2 (random weights, two layers).  Shapes:
+
+* step function, ``torch.compile(step)(model, batch)`` with ``step`` calling ``model(batch)``: the
+  call is an ordinary module call named from its source, so each op's hierarchy is
+  ``model (Cls)`` followed by its fullgraph hierarchy with ``model.`` before every path
+  (``step_expected``), and module entries equal ``nn_module_stack`` read with ``L['model']`` as
+  ``model``;
+* regional compilation, ``torch.compiler.nested_compile_region`` on the layer class's ``forward``:
+  one ``invoke_subgraph`` body serves every layer; a body op's full hierarchy is the call node's
+  hierarchy followed by the body op's hierarchy relative to the region (``compose_region``), and
+  must equal the fullgraph hierarchy exactly;
+* graph breaks at every insertion point, default and ``nested_graph_breaks=True``: see below;
+  an ``unknown_frames`` entry (frames a nested resume function cannot know statically) stands
+  for zero or more fullgraph entries (``weaker_relation_problem``).
+
+Each in inference (Dynamo graph) and training (AOTAutograd forward ops' ``call_hierarchy`` and
+backward ops' ``fwd_call_hierarchy``, with ``invoke_subgraph`` bodies composed in both).  Ops
+are paired by target and innermost source line, in order; gradient accumulations (their forward
+origin is the common scope of what they sum, which the graph split decides) and, in ATen graphs,
+ops that only move data (chosen by strides) need not have a counterpart and are not compared.
+
+Graph breaks.  Needs the patched torch (``.venv``).  For every model and every graph-break insertion point, under
 the default config and ``nested_graph_breaks=True``, the model runs through a recording backend
 that logs, each time a compiled graph runs, that graph: its ops (call_function / call_method
 nodes) with their hierarchy and the graph's ``call_hierarchy_root``.  The executed op sequence is
@@ -34,7 +58,9 @@ import dataclasses
 import difflib
 import importlib
 import inspect
+import itertools
 import logging
+import operator
 import re
 import types
 from collections.abc import Callable, Iterator
@@ -47,6 +73,8 @@ import torch  # noqa: E402
 import torch.fx.call_hierarchy as call_hierarchy  # noqa: E402  (the patched torch: fail, never skip)
 
 from torch import nn  # noqa: E402
+from torch._dynamo.backends.common import aot_autograd  # noqa: E402
+from torch._functorch.aot_autograd import make_boxed_func  # noqa: E402
 
 from test_suite.golden import assert_golden  # noqa: E402
 from test_suite.test_qwen2_call_hierarchy import render, tiny_qwen2  # noqa: E402
@@ -161,6 +189,7 @@ class Op:
     line: tuple[str, int] | None  # innermost user frame (file, line) of the node's stack trace
     hierarchy: tuple[Any, ...]
     tensor: bool  # whether it computes a tensor (not a size, a tuple item of sizes, ...)
+    gradient_acc: bool = False  # a backward op summing the gradients of a tensor used several times
 
 
 @dataclasses.dataclass
@@ -186,6 +215,12 @@ def _innermost_line(node: Any) -> tuple[str, int] | None:
     return (frames[-1][0], int(frames[-1][1])) if frames else None
 
 
+# Nodes Dynamo inserts itself (OutputGraph.create_node: grad mode, autocast), not user code: they
+# carry no call_hierarchy (RFC.md, Transforms).
+DYNAMO_INSERTED = {torch._C._set_grad_enabled, torch.amp.autocast_mode._enter_autocast,
+                   torch.amp.autocast_mode._exit_autocast}
+
+
 class Recorder:
     """A backend whose compiled callables log, each time they run, which graph ran."""
 
@@ -194,12 +229,13 @@ class Recorder:
         self.executions: list[int] = []
 
     def __call__(self, gm: Any, example_inputs: list[Any]) -> Callable[..., Any]:
+        nodes = [n for n in gm.graph.nodes if n.op in ("call_function", "call_method")
+                 and n.target not in DYNAMO_INSERTED]
         ops = [Op(n.name, _target(n), _innermost_line(n), tuple(n.meta.get("call_hierarchy", ())),
                   isinstance(n.meta.get("example_value"), torch.Tensor))
-               for n in gm.graph.nodes if n.op in ("call_function", "call_method")]
-        for n in gm.graph.nodes:
-            if n.op in ("call_function", "call_method"):
-                assert "call_hierarchy" in n.meta, (n.name, "no call_hierarchy")
+               for n in nodes]
+        for n in nodes:
+            assert "call_hierarchy" in n.meta, (n.name, "no call_hierarchy")
         graph = Graph(len(self.graphs), gm, dict(gm.meta["call_hierarchy_root"]), ops)
         self.graphs.append(graph)
 
@@ -304,8 +340,7 @@ def with_break_first(fn: types.FunctionType) -> types.CodeType:
 
 
 @contextlib.contextmanager
-def qwen2_break(point: str) -> Iterator[None]:
-    fn = qwen2_insertion_points()[point]
+def break_first_in(fn: types.FunctionType) -> Iterator[None]:
     original = fn.__code__
     fn.__code__ = with_break_first(fn)
     try:
@@ -314,10 +349,46 @@ def qwen2_break(point: str) -> Iterator[None]:
         fn.__code__ = original
 
 
+def qwen2_break(point: str) -> contextlib.AbstractContextManager[None]:
+    return break_first_in(qwen2_insertion_points()[point])
+
+
 QWEN2 = ModelSpec(
     "qwen2", tiny_qwen2,
     lambda n: ((torch.randint(0, 128, (1, n), generator=torch.Generator().manual_seed(n)),), {"use_cache": False}),
     lambda: list(qwen2_insertion_points()), qwen2_break, (8, 11),
+)
+
+
+def tiny_gpt2() -> Any:
+    """A second real architecture, unlike Qwen2: Conv1D projections, LayerNorm, dropout."""
+    transformers = importlib.import_module("transformers")
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=128, n_positions=64, n_embd=32, n_layer=2, n_head=2,
+                                     bos_token_id=0, eos_token_id=0)
+    return transformers.GPT2LMHeadModel(config).eval()
+
+
+def gpt2_insertion_points() -> dict[str, Callable[..., Any]]:
+    """The forward of each module class that GPT2LMHeadModel runs, and the attention function in
+    use (the model's other functions and heads are not reached)."""
+    mod = importlib.import_module("transformers.models.gpt2.modeling_gpt2")
+    points = {f"{cls.__name__}.forward": inspect.unwrap(vars(cls)["forward"])
+              for cls in (mod.GPT2LMHeadModel, mod.GPT2Model, mod.GPT2Block, mod.GPT2Attention, mod.GPT2MLP)}
+    impl = tiny_gpt2().config._attn_implementation
+    attn = inspect.unwrap(mod.ALL_ATTENTION_FUNCTIONS.get_interface(impl, mod.eager_attention_forward))
+    points[attn.__name__] = attn
+    return points
+
+
+def gpt2_break(point: str) -> contextlib.AbstractContextManager[None]:
+    return break_first_in(gpt2_insertion_points()[point])
+
+
+GPT2 = ModelSpec(
+    "gpt2", tiny_gpt2,
+    lambda n: ((torch.randint(0, 128, (1, n), generator=torch.Generator().manual_seed(n)),), {"use_cache": False}),
+    lambda: list(gpt2_insertion_points()), gpt2_break, (8, 11),
 )
 
 
@@ -426,8 +497,6 @@ def _is_root_frame(root: dict[str, Any], top: dict[str, Any]) -> bool:
 def relation_problem(f: tuple[Any, ...], b: tuple[Any, ...], root: dict[str, Any],
                      top: dict[str, Any], nested: bool) -> str | None:
     """None when B (graph-broken) is a sound relative version of F (fullgraph), else why not."""
-    if any(e["type"] == "unknown_frames" for e in b):
-        return unknown_frames_problem(f, b, root, top, nested)
     k = len(f) - len(b)
     if (k < 0 or k == 0 and not _is_root_frame(root, top)) and b and b[0]["type"] == "function" and nested \
             and root["resume_lineno"] is not None:
@@ -451,96 +520,74 @@ def relation_problem(f: tuple[Any, ...], b: tuple[Any, ...], root: dict[str, Any
             return f"relative to F[{k - 1}]: {why}"
         base = anchor["path"] if anchor["type"] == "module" else None
     for i, (fe, be) in enumerate(zip(f[k:], b)):
-        why, base = _entry_problem(f"entry {i}", fe, be, base, root, nested)
-        if why:
-            return why
+        where = f"entry {i}"
+        if be["type"] == "module":
+            if fe["type"] != "module":
+                return f"{where}: module entry for a function call"
+            for key in ("attr", "class", "class_qualname"):
+                if fe[key] != be[key]:
+                    return f"{where}: {key} {be[key]!r} != {fe[key]!r}"
+            expected = _rel(fe["path"], base)
+            if expected is None:
+                if not (fe["path"] == be["path"] or fe["path"].endswith("." + be["path"])):
+                    return f"{where}: path {be['path']!r} is not a suffix of {fe['path']!r}"
+            elif be["path"] != expected:
+                return f"{where}: path {be['path']!r} != {expected!r} (fullgraph {fe['path']!r})"
+        elif fe["type"] == "function":
+            if not _same_function(fe, be):
+                return f"{where}: function {be['qualname']} != {fe['qualname']}"
+        else:
+            # function entry standing for a module call: the inlined rest of a module's frame
+            if not nested:
+                return f"{where}: function entry {be['qualname']} for module {fe['path']} without nested_graph_breaks"
+            if root["resume_lineno"] is None:
+                return f"{where}: function entry {be['qualname']} for module {fe['path']} in a graph that is not a resume"
+            if not _defines(fe["class_qualname"], be["module"], be["qualname"]):
+                return f"{where}: {be['qualname']} is not a method of {fe['class_qualname']}"
+            base = fe["path"]
     return None
 
 
-def _entry_problem(where: str, fe: Any, be: Any, base: str | None, root: dict[str, Any],
-                   nested: bool) -> tuple[str | None, str | None]:
-    """Why B's entry ``be`` does not stand for F's entry ``fe`` (None if it does), and the module
-    path that the following B entries are relative to."""
-    if be["type"] == "unknown_frames":
-        return f"{where}: marker of unknown frames for {fe['type']} entry", base
-    if be["type"] == "module":
-        if fe["type"] != "module":
-            return f"{where}: module entry for a function call", base
-        for key in ("attr", "class", "class_qualname"):
-            if fe[key] != be[key]:
-                return f"{where}: {key} {be[key]!r} != {fe[key]!r}", base
-        expected = _rel(fe["path"], base)
-        if expected is None:
-            if not (fe["path"] == be["path"] or fe["path"].endswith("." + be["path"])):
-                return f"{where}: path {be['path']!r} is not a suffix of {fe['path']!r}", base
-        elif be["path"] != expected:
-            return f"{where}: path {be['path']!r} != {expected!r} (fullgraph {fe['path']!r})", base
-    elif fe["type"] == "function":
-        if not _same_function(fe, be):
-            return f"{where}: function {be['qualname']} != {fe['qualname']}", base
-    else:
-        # function entry standing for a module call: the inlined rest of a module's frame
-        if not nested:
-            return f"{where}: function entry {be['qualname']} for module {fe['path']} without nested_graph_breaks", base
-        if root["resume_lineno"] is None:
-            return f"{where}: function entry {be['qualname']} for module {fe['path']} in a graph that is not a resume", base
-        if not _defines(fe["class_qualname"], be["module"], be["qualname"]):
-            return f"{where}: {be['qualname']} is not a method of {fe['class_qualname']}", base
-        base = fe["path"]
-    return None, base
+UNKNOWN_FRAMES = "unknown_frames"
 
 
-def unknown_frames_problem(f: tuple[Any, ...], b: tuple[Any, ...], root: dict[str, Any],
-                           top: dict[str, Any], nested: bool) -> str | None:
-    return unknown_frames_alignment(f, b, root, top, nested)[0]
-
-
-def unknown_frames_alignment(f: tuple[Any, ...], b: tuple[Any, ...], root: dict[str, Any],
-                             top: dict[str, Any], nested: bool) -> tuple[str | None, list[int]]:
-    """None when B, which has ``<frames not known statically>`` markers, is a sound version of F.
-
-    A marker (patch 0005: frames between a resume function and the nested one it calls) stands for
-    zero or more F entries; module paths after it are relative to an unknown local (any dotted
-    suffix). Every other B entry must stand for the F entry it is aligned with, except the
-    continued rest of a module's own ``forward`` that the fullgraph absorbed into the module's
-    scope (a method of the class of the module entry before, or of the root module), which stands
-    for no F entry; and B must end where F ends. Also returns, for each B entry, how many F entries B's prefix up to it covers."""
-    if not nested or root["resume_lineno"] is None:
-        return "marker of unknown frames outside a resume graph with nested_graph_breaks", []
-    last = "no alignment"
-    ends: list[int] = [0] * len(b)
-
-    def match(fi: int, bj: int, base: str | None) -> bool:
-        nonlocal last
-        if bj == len(b):
-            if fi == len(f):
-                return True
-            last = f"B ends {len(f) - fi} entries above F"
-            return False
-        if b[bj]["type"] == "unknown_frames":
-            for skip in range(len(f) - fi + 1):
-                ends[bj] = fi + skip
-                if match(fi + skip, bj + 1, None):
-                    return True
-            return False
-        if b[bj]["type"] == "function" and bj > 0 and b[bj - 1]["type"] == "unknown_frames":
-            owner = top["module_class"] if fi == 0 else (
-                f[fi - 1]["class_qualname"] if f[fi - 1]["type"] == "module" else None)
-            if owner is not None and _defines(owner, b[bj]["module"], b[bj]["qualname"]):
-                ends[bj] = fi
-                if match(fi, bj + 1, base):
-                    return True
-        if fi == len(f):
-            last = f"entry {bj}: deeper than the fullgraph hierarchy"
-            return False
-        why, next_base = _entry_problem(f"entry {bj}", f[fi], b[bj], base, root, nested)
-        if why:
-            last = why
-            return False
-        ends[bj] = fi + 1
-        return match(fi + 1, bj + 1, next_base)
-
-    return (None, ends) if match(0, 0, None) else (last, [])
+def weaker_relation_problem(f: tuple[Any, ...], b: tuple[Any, ...], root: dict[str, Any],
+                            top: dict[str, Any], nested: bool) -> str | None:
+    """relation_problem, where each ``unknown_frames`` entry of B (RFC.md, graph breaks: with
+    ``nested_graph_breaks`` the frames between a resume function and the nested resume function
+    it calls are not known statically) stands for zero or more consecutive entries of F."""
+    unknown = [i for i, e in enumerate(b) if e["type"] == UNKNOWN_FRAMES]
+    if not unknown:
+        return relation_problem(f, b, root, top, nested)
+    if not (nested and root["resume_lineno"] is not None):
+        return f"entry {unknown[0]}: {UNKNOWN_FRAMES} outside a resumed graph under nested_graph_breaks"
+    rest = tuple(e for e in b if e["type"] != UNKNOWN_FRAMES)
+    spare = len(f) - len(rest)
+    first = None
+    # B may also be longer than F (a function entry for the inlined rest of an absorbed forward,
+    # see relation_problem): then every unknown entry stands for nothing.
+    for counts in itertools.product(range(max(spare, 0) + 1), repeat=len(unknown)):
+        if sum(counts) > max(spare, 0):
+            continue
+        # B is aligned with F's tail: walk both from the end, each unknown entry taking its slice.
+        dropped: set[int] = set()
+        pos = len(f)
+        taken = iter(reversed(counts))
+        for e in reversed(b):
+            if e["type"] == UNKNOWN_FRAMES:
+                m = next(taken)
+                if m and pos - m < 0:
+                    break
+                dropped.update(range(pos - m, pos))
+                pos -= m
+            else:
+                pos -= 1
+        else:
+            why = relation_problem(tuple(e for x, e in enumerate(f) if x not in dropped), rest, root, top, nested)
+            if why is None:
+                return None
+            first = first or f"{UNKNOWN_FRAMES} standing for {counts} entries: {why}"
+    return first or f"{UNKNOWN_FRAMES}: no slice of F it can stand for"
 
 
 # --------------------------------------------------------------------------------------------
@@ -553,6 +600,20 @@ class Pair:
     graph: Graph
     full: Op
     broken: Op
+
+
+# ATen ops that only move or alias data: AOTAutograd picks them by the strides it sees, which
+# depend on where graphs are split (a ``view`` in one graph is ``clone`` + ``_unsafe_view`` in
+# another). Dynamo graphs have none of these targets, so they stay strict there.
+LAYOUT_OPS = {f"aten.{name}.default" for name in (
+    "view", "_unsafe_view", "clone", "detach", "alias", "t", "expand", "permute", "transpose",
+    "reshape", "contiguous")} | {"aten.transpose.int"}
+
+
+def _must_match(op: Op) -> bool:
+    """Whether an op must have a counterpart in the other run: a tensor op that neither sums
+    gradients (its place depends on the graph split) nor only moves data in an ATen graph."""
+    return op.tensor and not op.gradient_acc and op.target not in LAYOUT_OPS
 
 
 def align(full: list[Op], executed: list[tuple[int, Graph, Op]]) -> tuple[list[Pair], list[str]]:
@@ -568,13 +629,13 @@ def align(full: list[Op], executed: list[tuple[int, Graph, Op]]) -> tuple[list[P
             continue
         for j in range(j1, j2):
             _, g, op = executed[j]
-            if op.tensor:
+            if _must_match(op):
                 problems.append(f"graph {g.index} op {op.node} ({op.target} at {op.line}) has no fullgraph counterpart")
         for i in range(i1, i2):
             op = full[i]
             # a fullgraph op with no counterpart must have run eagerly: a frame Dynamo skipped
             # (a graph break in a loop skips the whole frame), so no compiled op comes from its line
-            if op.tensor and op.line in lines_b:
+            if _must_match(op) and op.line in lines_b:
                 problems.append(f"fullgraph op {op.node} ({op.target} at {op.line}) is missing from the graph-broken run")
     return pairs, problems
 
@@ -587,8 +648,11 @@ def check_case(full: Graph, rec: Recorder, nested: bool) -> list[str]:
     """Every problem of a graph-broken run against the fullgraph run's only graph."""
     pairs, problems = align(full.ops, rec.executed())
     assert pairs, "nothing was compiled"
+    # A gradient accumulation's fwd_call_hierarchy is the common scope of the gradients it sums,
+    # which are the ones of its own graph: it depends on where graphs are split, by definition.
+    pairs = [p for p in pairs if not (p.full.gradient_acc or p.broken.gradient_acc)]
     for p in pairs:
-        why = relation_problem(p.full.hierarchy, p.broken.hierarchy, p.graph.root, full.root, nested)
+        why = weaker_relation_problem(p.full.hierarchy, p.broken.hierarchy, p.graph.root, full.root, nested)
         if why:
             problems.append(
                 f"graph {p.graph.index} ({p.graph.root['qualname']}, resume_lineno={p.graph.root['resume_lineno']}) "
@@ -605,15 +669,11 @@ def check_case(full: Graph, rec: Recorder, nested: bool) -> list[str]:
     by_exec: dict[int, dict[tuple[Any, ...], set[tuple[Any, ...]]]] = {}
     back: dict[int, dict[tuple[Any, ...], set[tuple[Any, ...]]]] = {}
     for p in pairs:
+        if any(e["type"] == UNKNOWN_FRAMES for e in p.broken.hierarchy):
+            continue  # its depth does not say which F prefix a B prefix stands for
         k = len(p.full.hierarchy) - len(p.broken.hierarchy)
-        ends = [k + d for d in range(1, len(p.broken.hierarchy) + 1)]
-        if any(e["type"] == "unknown_frames" for e in p.broken.hierarchy):
-            ends = unknown_frames_alignment(p.full.hierarchy, p.broken.hierarchy, p.graph.root, full.root,
-                                            nested)[1]
         for d in range(1, len(p.broken.hierarchy) + 1):
-            if p.broken.hierarchy[d - 1]["type"] == "unknown_frames" or d > len(ends):
-                continue  # a marker stands for whatever frames the chain passed through
-            bk, fk = _key(p.broken.hierarchy[:d]), _key(p.full.hierarchy[:ends[d - 1]])
+            bk, fk = _key(p.broken.hierarchy[:d]), _key(p.full.hierarchy[:k + d])
             by_exec.setdefault(p.execution, {}).setdefault(bk, set()).add(fk)
             back.setdefault(p.execution, {}).setdefault(fk, set()).add(bk)
     for ex, table in by_exec.items():
@@ -672,7 +732,8 @@ QWEN2_UNREACHED = {"eager_attention_forward", "repeat_kv"}  # with the default (
 CASES = [_case("synthetic", s, c) for c in CONFIGS for s in SITES]
 CASES += [_case("qwen2", p, c) for c in CONFIGS
           for p in qwen2_insertion_points() if p not in QWEN2_UNREACHED]
-SPECS = {"synthetic": SYNTHETIC, "qwen2": QWEN2}
+CASES += [_case("gpt2", p, c) for c in CONFIGS for p in gpt2_insertion_points()]
+SPECS = {"synthetic": SYNTHETIC, "qwen2": QWEN2, "gpt2": GPT2}
 
 _RUNS: dict[tuple[str, str, bool], Recorder] = {}
 
@@ -693,6 +754,8 @@ def _clean_dynamo() -> Iterator[None]:
     yield
     trace.setLevel(level)
     _RUNS.clear()
+    _SHAPE_RUNS.clear()
+    _TRAIN_FULL.clear()
     torch._dynamo.reset()
 
 
@@ -752,7 +815,7 @@ def test_graph_served_to_two_callers_names_no_caller(model: str, site: str) -> N
         assert graph.root["resume_lineno"] is not None or graph.root["qualname"] != full.root["qualname"]
         for op in graph.ops:
             for e in op.hierarchy:
-                text = e["path"] if e["type"] == "module" else e["qualname"]
+                text = e["path"] if e["type"] == "module" else e.get("qualname", "")
                 assert not _LAYER_INDEX.search(text), (g, op.node, _fmt(op.hierarchy))
 
 
@@ -789,6 +852,411 @@ def test_recompilation_gives_the_same_hierarchies(model: str, site: str, config:
                     unmatched = [op for op in first.ops[i1:i2] + other.ops[j1:j2] if op.tensor]
                     assert not unmatched, (key, [(op.node, op.target) for op in unmatched])
             assert matched, key
+
+
+# --------------------------------------------------------------------------------------------
+# Compile shapes: a step function taking the model, regional compilation of the layers;
+# inference (the Dynamo graph) and training (AOTAutograd forward and backward graphs)
+# --------------------------------------------------------------------------------------------
+#
+# For each shape the hierarchy of every op, composed where the shape splits it in two (a region
+# body relative to its region, under the hierarchy of the invoke_subgraph call that runs it), must
+# equal what the fullgraph compile of the model itself gives for the same op occurrence, up to
+# what the shape changes by definition (the step function's ``model`` scope).  Ops are paired as
+# in the graph-break test (same target and innermost source line, in order).
+
+
+@dataclasses.dataclass(frozen=True)
+class Corpus:
+    """A model of the shape tests: how to build and run it, its repeated layer class, its loss."""
+
+    spec: ModelSpec
+    layer_class: Callable[[], type]
+    loss: Callable[[Any], Any]
+
+
+def _qwen2_layer() -> type:
+    return _qwen2_module().Qwen2DecoderLayer
+
+
+def _gpt2_layer() -> type:
+    return importlib.import_module("transformers.models.gpt2.modeling_gpt2").GPT2Block
+
+
+CORPUS = {
+    "synthetic": Corpus(SYNTHETIC, lambda: Layer, lambda out: out.sum()),
+    "qwen2": Corpus(QWEN2, _qwen2_layer, lambda out: out.logits.sum()),
+    "gpt2": Corpus(GPT2, _gpt2_layer, lambda out: out.logits.sum()),
+}
+
+
+def step(model: Any, batch: Any, **kwargs: Any) -> Any:
+    """The training-loop shape: a compiled function that takes the model."""
+    return model(batch, **kwargs)
+
+
+@contextlib.contextmanager
+def regional(layer_class: type) -> Iterator[None]:
+    """``torch.compiler.nested_compile_region`` on the layer class's ``forward``: Dynamo traces
+    one ``invoke_subgraph`` body and calls it for every layer."""
+    original = vars(layer_class)["forward"]
+    layer_class.forward = torch.compiler.nested_compile_region(original)
+    try:
+        yield
+    finally:
+        layer_class.forward = original
+
+
+@dataclasses.dataclass
+class Compiled:
+    """The graphs of one compile: Dynamo's, and AOTAutograd's forward/backward when training."""
+
+    dynamo: list[Any]
+    forward: list[Any]
+    backward: list[Any]
+
+
+def compile_shape(corpus: Corpus, shape: str, train: bool) -> Compiled:
+    """Compile and run (forward, and backward of the loss when training) one model in one shape:
+    ``full`` (the model, fullgraph), ``step`` (``torch.compile(step)(model, batch)``) or
+    ``regional`` (the model, its layer class under ``nested_compile_region``)."""
+    spec = corpus.spec
+    out = Compiled([], [], [])
+
+    def fw_compiler(gm: Any, example_inputs: Any) -> Any:
+        out.forward.append(gm)
+        return make_boxed_func(gm)
+
+    def bw_compiler(gm: Any, example_inputs: Any) -> Any:
+        out.backward.append(gm)
+        return make_boxed_func(gm)
+
+    aot = aot_autograd(fw_compiler=fw_compiler, bw_compiler=bw_compiler)
+
+    def backend(gm: Any, example_inputs: list[Any]) -> Any:
+        out.dynamo.append(gm)
+        return aot(gm, example_inputs) if train else gm.forward
+
+    model = spec.make().train(train)
+    args, kwargs = spec.inputs(spec.sizes[0])
+    if train:
+        # a float input needs grad, so that every layer's input does and one region serves all
+        args = tuple(a.requires_grad_() if a.is_floating_point() else a for a in args)
+    torch._dynamo.reset()
+    try:
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(torch._dynamo.config.patch(record_call_hierarchy=True))
+            if not train:
+                stack.enter_context(torch.no_grad())
+            if shape == "regional":
+                stack.enter_context(regional(corpus.layer_class()))
+            if shape == "step":
+                result = torch.compile(step, backend=backend, fullgraph=True)(model, *args, **kwargs)
+            else:
+                result = torch.compile(model, backend=backend, fullgraph=True)(*args, **kwargs)
+            if train:
+                corpus.loss(result).backward()
+    finally:
+        torch._dynamo.reset()
+    assert len(out.dynamo) == 1, f"{spec.name} {shape}: {len(out.dynamo)} Dynamo graphs"
+    assert len(out.forward) == len(out.backward) == (1 if train else 0)
+    return out
+
+
+# The hierarchy under a shape, from the ones it splits it into ---------------------------------
+
+def _entry_dicts(h: Any) -> list[dict[str, Any]]:
+    return [dict(e) for e in h]
+
+
+def _entries(dicts: list[dict[str, Any]]) -> tuple[Any, ...]:
+    return tuple(call_hierarchy.call_hierarchy_from_dicts(dicts))
+
+
+def _rebase(body: list[dict[str, Any]], base: str) -> list[dict[str, Any]]:
+    """Module paths of ``body`` (relative to the module at ``base``) made relative to the root."""
+    return [dict(e, path=f"{base}.{e['path']}" if base else e["path"]) if e["type"] == "module" else e
+            for e in body]
+
+
+def compose_region(call_site: Any, body: Any, body_gm: Any) -> tuple[Any, ...]:
+    """The full context of a node of an ``invoke_subgraph`` body: the hierarchy of the call node
+    that runs the body, followed by the body node's hierarchy, relative to its region.
+
+    The region is the layer's ``forward`` (a method of the module that the call site's innermost
+    entry names, e.g. ``model (Qwen2Model) > layers.1 (Qwen2DecoderLayer)``), so module paths of
+    the body are relative to that module.  Where the series records the region (``body_gm.meta``,
+    key ``call_hierarchy_root`` as for compiled frames), its ``module_class`` must be that
+    module's class."""
+    site = _entry_dicts(call_site)
+    region = body_gm.meta.get("call_hierarchy_root")
+    base = ""
+    if site and site[-1]["type"] == "module":
+        base = site[-1]["path"]
+        if region is not None and region.get("module_class") not in (None, site[-1]["class_qualname"]):
+            raise AssertionError(f"region {dict(region)} is not a method of the call site {_fmt(call_site)}")
+    return _entries(site + _rebase(_entry_dicts(body), base))
+
+
+def step_expected(full: Any, model_class: type) -> tuple[Any, ...]:
+    """The fullgraph hierarchy of an op as seen from ``step``: the call ``model(batch)`` is a module
+    call named from its source, ``model (Cls)``, and every path below it starts with ``model.``."""
+    entry = {"type": "module", "attr": "model", "path": "model", "class": model_class.__name__,
+             "class_qualname": f"{model_class.__module__}.{model_class.__qualname__}", "count": 0}
+    return _entries([entry] + _rebase(_entry_dicts(full), "model"))
+
+
+_INVOKE_SUBGRAPH = torch.ops.higher_order.invoke_subgraph
+
+
+def _op_target(node: Any) -> str:
+    return str(node.target) if isinstance(node.target, torch._ops.OpOverload) else _target(node)
+
+
+def flat_ops(gm: Any, key: str = "call_hierarchy", region: Callable[[Any], tuple[Any, ...]] | None = None) -> list[Op]:
+    """The ops of a graph in order, each ``invoke_subgraph`` call replaced by its body's ops with
+    composed hierarchies (the call node and the ``getitem``s of its results are plumbing with no
+    fullgraph counterpart).  ``key``: ``call_hierarchy``, or ``fwd_call_hierarchy`` for backward
+    graphs.  An op without ``key`` gets the hierarchy ``None``."""
+    ops: list[Op] = []
+    for n in gm.graph.nodes:
+        if n.op not in ("call_function", "call_method"):
+            continue
+        if n.target is _INVOKE_SUBGRAPH:
+            body = getattr(gm, n.args[0].target)
+            site = n.meta.get(key)
+            assert site is not None, (n.name, f"invoke_subgraph call without {key}")
+            outer = region
+            ops += flat_ops(body, key, lambda h, site=site, body=body, outer=outer: (
+                compose_region(outer(site) if outer else site, h, body)))
+            continue
+        if n.target is operator.getitem and getattr(n.args[0], "target", None) is _INVOKE_SUBGRAPH:
+            continue
+        h = n.meta.get(key)
+        if h is not None:
+            h = tuple(h) if region is None else region(h)
+        value = n.meta.get("val", n.meta.get("example_value"))
+        ops.append(Op(n.name, _op_target(n), _innermost_line(n), h, isinstance(value, torch.Tensor),
+                      bool(n.meta.get("is_gradient_acc"))))
+    return ops
+
+
+def shape_problems(full: list[Op], ops: list[Op], expected: Callable[[tuple[Any, ...]], tuple[Any, ...]]) -> tuple[int, list[str]]:
+    """(pairs checked, problems) of a shape's ops against the fullgraph ops."""
+    key_f = [(op.target, op.line) for op in full]
+    key_b = [(op.target, op.line) for op in ops]
+    problems = []
+    checked = 0
+    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, key_f, key_b, autojunk=False).get_opcodes():
+        if tag != "equal":
+            # Where the gradients of a tensor used several times are summed depends on the graph
+            # structure (inside a region body or at its call sites): such sums may differ.
+            for op in ops[j1:j2]:
+                if _must_match(op):
+                    problems.append(f"op {op.node} ({op.target} at {op.line}) has no fullgraph counterpart")
+            for op in full[i1:i2]:
+                if _must_match(op):
+                    problems.append(f"fullgraph op {op.node} ({op.target} at {op.line}) is missing")
+            continue
+        for f, b in zip(full[i1:i2], ops[j1:j2]):
+            if f.hierarchy is None:
+                continue  # nothing to compare with (e.g. a backward op with no forward origin)
+            if f.gradient_acc or b.gradient_acc:
+                continue  # the common scope of the gradients it sums, which the graph split decides
+            checked += 1
+            want = expected(f.hierarchy)
+            if b.hierarchy != want:
+                problems.append(f"op {b.node} ({b.target}):\n    got:      {_fmt(b.hierarchy or ())}"
+                                f"{' (absent)' if b.hierarchy is None else ''}\n    expected: {_fmt(want)}")
+    return checked, problems
+
+
+SHAPES = ("step", "regional")
+MODES = ("inference", "training")
+_SHAPE_RUNS: dict[tuple[str, str, str], Compiled] = {}
+
+
+def shape_run(model: str, shape: str, mode: str) -> Compiled:
+    key = (model, shape, mode)
+    if key not in _SHAPE_RUNS:
+        _SHAPE_RUNS[key] = compile_shape(CORPUS[model], shape, mode == "training")
+    return _SHAPE_RUNS[key]
+
+
+def graph_ops(compiled: Compiled, mode: str) -> dict[str, list[Op]]:
+    """The ops to compare, per graph kind: Dynamo's (inference) or AOTAutograd's (training;
+    backward ops by their forward origin, ``fwd_call_hierarchy``)."""
+    if mode == "inference":
+        return {"dynamo": flat_ops(compiled.dynamo[0])}
+    return {"forward": flat_ops(compiled.forward[0]),
+            "backward": flat_ops(compiled.backward[0], "fwd_call_hierarchy")}
+
+
+# Where the series does not give the composed hierarchy yet (issue 11 items 1 and 2): strict, so
+# that each marker must go when its fix lands.
+_STEP_ROOT = "issue 11 item 1: the model argument of a compiled step function is taken as the root"
+_BODY = "issue 11 item 2: an invoke_subgraph body carries its first caller's absolute hierarchy"
+SHAPE_XFAIL = {
+    ("step", "inference"): _STEP_ROOT,
+    ("step", "training"): _STEP_ROOT,
+    ("regional", "inference"): _BODY,
+    # and the backward body's fwd_call_hierarchy is the call site's for every op
+    ("regional", "training"): _BODY,
+}
+
+
+def _shape_case(model: str, shape: str, mode: str) -> Any:
+    reason = SHAPE_XFAIL.get((shape, mode))
+    marks = [pytest.mark.xfail(reason=reason, strict=True)] if reason else []
+    return pytest.param(model, shape, mode, id=f"{model}-{shape}-{mode}", marks=marks)
+
+
+SHAPE_CASES = [_shape_case(m, s, mode) for m in CORPUS for s in SHAPES for mode in MODES]
+
+
+@pytest.mark.parametrize(("model", "shape", "mode"), SHAPE_CASES)
+def test_shape_equals_fullgraph(model: str, shape: str, mode: str) -> None:
+    full = graph_ops(shape_run(model, "full", mode), mode)
+    compiled = shape_run(model, shape, mode)
+    got = graph_ops(compiled, mode)
+    if shape == "step":
+        model_class = type(CORPUS[model].spec.make())
+
+        def expected(h: tuple[Any, ...]) -> tuple[Any, ...]:
+            return step_expected(h, model_class)
+    else:
+        def expected(h: tuple[Any, ...]) -> tuple[Any, ...]:
+            return h
+    report = []
+    for kind in full:
+        checked, problems = shape_problems(full[kind], got[kind], expected)
+        assert checked > 0.9 * len(full[kind]), f"{kind}: only {checked} of {len(full[kind])} ops compared"
+        report += [f"[{kind}] {p}" for p in problems]
+    assert not report, f"{len(report)} problem(s):\n" + "\n".join(report[:20])
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("model", list(CORPUS))
+def test_regional_compilation_shares_one_body(model: str, mode: str) -> None:
+    """The regional shape is what it claims: one invoke_subgraph body called for every layer,
+    kept as such by AOTAutograd when training (so the test above sees composed hierarchies)."""
+    compiled = shape_run(model, "regional", mode)
+    for gm in compiled.dynamo + compiled.forward + compiled.backward:
+        calls = [n for n in gm.graph.nodes if n.target is _INVOKE_SUBGRAPH]
+        assert len(calls) == 2, [n.format_node() for n in calls]
+        assert len({n.args[0].target for n in calls}) == 1, [n.format_node() for n in calls]
+
+
+@pytest.mark.xfail(reason=_STEP_ROOT, strict=True)
+@pytest.mark.parametrize("model", list(CORPUS))
+def test_step_root_is_the_function_and_modules_agree_with_nn_module_stack(model: str) -> None:
+    """Under ``step``, the frame is a plain function (no ``module_class``), and every op's module
+    entries are its ``nn_module_stack``, reading ``L['model']`` as ``model``."""
+    (gm,) = shape_run(model, "step", "inference").dynamo
+    assert gm.meta["call_hierarchy_root"]["qualname"] == "step"
+    assert gm.meta["call_hierarchy_root"]["module_class"] is None
+    for n in gm.graph.nodes:
+        if n.op in ("call_function", "call_method"):
+            stack = [p.replace("L['model']", "model", 1) for p, _ in n.meta.get("nn_module_stack", {}).values()]
+            assert [e["path"] for e in n.meta["call_hierarchy"] if e["type"] == "module"] == stack, n.name
+
+
+# --------------------------------------------------------------------------------------------
+# Graph breaks in training: AOTAutograd forward ops (call_hierarchy) and backward ops
+# (fwd_call_hierarchy) of each graph, against the fullgraph training compile
+# --------------------------------------------------------------------------------------------
+
+class TrainingRecorder(Recorder):
+    """A Recorder whose graphs go through AOTAutograd; keeps each Dynamo graph's forward and
+    (compiled when backward first reaches it) backward graph."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.aot: dict[str, dict[int, Any]] = {"forward": {}, "backward": {}}
+
+    def __call__(self, gm: Any, example_inputs: list[Any]) -> Callable[..., Any]:
+        index = len(self.graphs)
+        super().__call__(gm, example_inputs)
+
+        def fw_compiler(g: Any, inputs: Any) -> Any:
+            self.aot["forward"][index] = g
+            return make_boxed_func(g)
+
+        def bw_compiler(g: Any, inputs: Any) -> Any:
+            self.aot["backward"][index] = g
+            return make_boxed_func(g)
+
+        compiled = aot_autograd(fw_compiler=fw_compiler, bw_compiler=bw_compiler)(gm, example_inputs)
+
+        def run(*args: Any) -> Any:
+            self.executions.append(index)
+            return compiled(*args)
+
+        return run
+
+    def lowered(self, kind: str) -> Recorder:
+        """The AOTAutograd graphs of one kind as a Recorder of their own: same indices and root
+        records as the Dynamo graphs they come from; backward graphs run in the reverse order."""
+        key = "call_hierarchy" if kind == "forward" else "fwd_call_hierarchy"
+        rec = Recorder()
+        for g in self.graphs:
+            gm = self.aot[kind].get(g.index)
+            ops = [op for op in flat_ops(gm, key) if op.hierarchy is not None] if gm is not None else []
+            rec.graphs.append(Graph(g.index, gm, g.root, ops))
+        order = self.executions if kind == "forward" else self.executions[::-1]
+        rec.executions = [i for i in order if i in self.aot[kind]]
+        return rec
+
+
+def run_training(spec: ModelSpec, *, site: str | None, nested: bool) -> TrainingRecorder:
+    rec = TrainingRecorder()
+    model = spec.make().train()
+    args, kwargs = spec.inputs(spec.sizes[0])
+    args = tuple(a.requires_grad_() if a.is_floating_point() else a for a in args)
+    torch._dynamo.reset()
+    try:
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(torch._dynamo.config.patch(record_call_hierarchy=True, nested_graph_breaks=nested))
+            if site is not None:
+                stack.enter_context(spec.inserting(site))
+            compiled = torch.compile(model, backend=rec, fullgraph=site is None)
+            CORPUS[spec.name].loss(compiled(*args, **kwargs)).backward()
+    finally:
+        torch._dynamo.reset()
+    return rec
+
+
+_TRAIN_FULL: dict[str, TrainingRecorder] = {}
+
+
+def training_fullgraph(spec: ModelSpec, kind: str) -> Graph:
+    if spec.name not in _TRAIN_FULL:
+        rec = run_training(spec, site=None, nested=False)
+        assert len(rec.graphs) == 1 and rec.executions == [0]
+        _TRAIN_FULL[spec.name] = rec
+    (graph,) = _TRAIN_FULL[spec.name].lowered(kind).graphs
+    return graph
+
+
+# Every synthetic site; Qwen2 and GPT-2 points where a break splits the layers, the attention, helpers.
+TRAIN_CASES = [_case("synthetic", s, c) for c in CONFIGS for s in SITES]
+TRAIN_CASES += [_case("qwen2", p, c) for c in CONFIGS for p in (
+    "Qwen2DecoderLayer.forward", "Qwen2Attention.forward", "Qwen2MLP.forward", "rotate_half")]
+TRAIN_CASES += [_case("gpt2", p, c) for c in CONFIGS for p in ("GPT2Block.forward", "GPT2Attention.forward")]
+
+
+@pytest.mark.parametrize(("model", "site", "config"), TRAIN_CASES)
+def test_differential_training(model: str, site: str, config: str) -> None:
+    nested = CONFIGS[config]
+    spec = SPECS[model]
+    rec = run_training(spec, site=site, nested=nested)
+    assert len(rec.graphs) > 1, f"no graph break at {site}"
+    report = []
+    for kind in ("forward", "backward"):
+        lowered = rec.lowered(kind)
+        assert lowered.executions, f"no {kind} graph ran"
+        report += [f"[{kind}] {p}" for p in check_case(training_fullgraph(spec, kind), lowered, nested)]
+    assert not report, f"{len(report)} problem(s):\n" + "\n".join(report[:20])
 
 
 # --------------------------------------------------------------------------------------------
