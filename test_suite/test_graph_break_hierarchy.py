@@ -1097,9 +1097,6 @@ def graph_ops(compiled: Compiled, mode: str) -> dict[str, list[Op]]:
 _STEP_ROOT = "issue 11 item 1: the model argument of a compiled step function is taken as the root"
 _BODY = "issue 11 item 2: an invoke_subgraph body carries its first caller's absolute hierarchy"
 SHAPE_XFAIL = {
-    ("step", "inference"): _STEP_ROOT,
-    ("step", "training"): _STEP_ROOT,
-    ("regional", "inference"): _BODY,
     # and the backward body's fwd_call_hierarchy is the call site's for every op
     ("regional", "training"): _BODY,
 }
