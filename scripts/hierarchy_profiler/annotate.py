@@ -112,54 +112,25 @@ def nest(events: list[dict[str, Any]], indices: list[int]) -> tuple[list[int], d
 
 
 class _Matcher:
-    """Matches the kernel calls of one compiled-graph call, in order, against its kernel list."""
+    """Matches the kernel calls of one compiled-graph call, in order, against its kernel list.
+
+    Kernels a run skips (none in generated code today) are passed over; an event that is
+    not the next kernel nor one of the following ``LOOKAHEAD`` stays unattributed.
+    """
 
     LOOKAHEAD = 64
 
-    def __init__(self, graph: CompiledGraph, calls_so_far: dict[str, int]) -> None:
-        self.graph = graph
+    def __init__(self, graph: CompiledGraph) -> None:
+        self.kernels = graph.kernels
         self.pos = 0
-        self.sub: str | None = None
-        self.sub_pos = 0
-        self.sub_call = 0
-        self.calls = calls_so_far  # invoke_subgraph body -> calls seen in this graph call
 
-    def _find(self, kernels: list[Kernel], start: int, key: str) -> int | None:
-        for j in range(start, min(len(kernels), start + self.LOOKAHEAD)):
-            if kernels[j].key == key:
-                return j
-        return None
-
-    def match(self, name: str) -> tuple[Kernel, str | None, int] | None:
+    def match(self, name: str) -> Kernel | None:
         key = event_key(name)
-        graph = self.graph
-        if self.sub is not None:
-            body = graph.subgraphs[self.sub]
-            j = self._find(body, self.sub_pos, key)
-            if j is not None:
-                self.sub_pos = j + 1
-                kernel = body[j]
-                sub, call = self.sub, self.sub_call
-                if self.sub_pos >= len(body):
-                    self.sub = None
-                return kernel, sub, call
-            self.sub = None
-        kernels = graph.kernels
-        if self.pos < len(kernels) and kernels[self.pos].key == key:
-            self.pos += 1
-            return kernels[self.pos - 1], None, 0
-        for sub, body in graph.subgraphs.items():
-            if body and body[0].key == key:
-                self.sub, self.sub_pos = sub, 1
-                self.sub_call = self.calls.get(sub, 0)
-                self.calls[sub] = self.sub_call + 1
-                if self.sub_pos >= len(body):
-                    self.sub = None
-                return body[0], sub, self.sub_call
-        j = self._find(kernels, self.pos, key)
-        if j is not None:
-            self.pos = j + 1
-            return kernels[j], None, 0
+        kernels = self.kernels
+        for j in range(self.pos, min(len(kernels), self.pos + self.LOOKAHEAD)):
+            if kernels[j].key == key:
+                self.pos = j + 1
+                return kernels[j]
         return None
 
 
@@ -222,32 +193,17 @@ def annotate(doc: dict[str, Any], capture: Capture) -> Report:
                 unknown_stacks += 1
         base = stack or ()
         graph_name = f"graph {graph.index} {graph.kind}" if graph else events[r]["name"]
-        matcher = _Matcher(graph, {}) if graph is not None else None
+        matcher = _Matcher(graph) if graph is not None else None
         kernel_events: list[tuple[int, Attribution]] = []
         for c in children.get(r, ()):
             name = str(events[c].get("name", ""))
-            found = matcher.match(name) if matcher is not None else None
-            if found is None:
+            kernel = matcher.match(name) if matcher is not None else None
+            if kernel is None or graph is None:
                 why = "not a kernel of this graph" if graph is not None else "graph not captured"
                 att = Attribution(capture.scopes.absolute(base) + (UNATTRIBUTED,), name, graph=graph_name, reason=why)
             else:
-                kernel, sub, call = found
-                assert graph is not None
-                parts: tuple[Any, ...]
-                if sub is not None:
-                    sites = graph.call_sites.get(sub, [])
-                    site = sites[call] if call < len(sites) else None
-                    if site is None:
-                        att = Attribution(capture.scopes.absolute(base) + (UNATTRIBUTED,), kernel.name,
-                                          graph=graph_name, reason=f"call {call} of {sub} has no call site")
-                        kernel_events.append((c, att))
-                        continue
-                    parts = (site, kernel.hierarchy)
-                    sources = tuple(capture.scopes.absolute(base, site, s) for s in kernel.sources)
-                else:
-                    parts = (kernel.hierarchy,)
-                    sources = tuple(capture.scopes.absolute(base, s) for s in kernel.sources)
-                scope = capture.scopes.absolute(base, *parts)
+                scope = capture.scopes.absolute(base, *kernel.sites, kernel.hierarchy)
+                sources = tuple(capture.scopes.absolute(base, *kernel.sites, s) for s in kernel.sources)
                 if stack is None and graph.backward:
                     scope = scope[:1] + ("(forward call not in trace)",) + scope[1:]
                 label = kernel.name + (" (bw)" if graph.backward else "")

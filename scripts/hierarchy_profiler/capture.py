@@ -156,13 +156,15 @@ class RuntimeScopes:
 
         A compiled frame that reaches its module through a local rather than as its root
         (a Dynamo resume function: ``self.mlp``; a module compiled from a wrapper frame:
-        ``fn.0``) records that local's name as the first path component: when the path does
-        not resolve under ``base``, it is dropped.
+        ``fn.0``; a bound method: ``forward.__self__.mlp``) records that access path as the
+        leading path components: they are dropped until the path resolves under ``base``
+        to a module of the recorded class.
         """
         rel = _field(entry, "path") or ""
         cls = _field(entry, "class_name", "class")
-        for candidate in (rel, rel.partition(".")[2]):
-            path = ".".join(p for p in (base, candidate) if p)
+        parts = rel.split(".") if rel else []
+        for i in range(len(parts) + 1):
+            path = ".".join(p for p in (base, ".".join(parts[i:])) if p)
             module = self.modules.get(path)
             if module is not None and type(module).__name__ == cls:
                 return path
@@ -179,22 +181,42 @@ class RuntimeScopes:
         for path in stack:
             out.append(module_label(path, parent, type(self.modules[path]).__name__))
             parent = path
+        previous_class: str | None = None
         for hierarchy in parts:
             # paths of one part are relative to the module running it: the innermost module so far
             base = parent
+            hierarchy = _below_call_site(hierarchy, previous_class)
             for entry in hierarchy:
                 if is_module_entry(entry):
                     path = self._rebase(base, entry)
+                    cls = str(_field(entry, "class_name", "class") or "?")
+                    previous_class = cls
                     if path == parent or path == base:
                         continue  # the running module itself: the root, or already on the stack
-                    cls = _field(entry, "class_name", "class") or "?"
-                    out.append(module_label(path, parent, str(cls), int(_field(entry, "count") or 0)))
+                    out.append(module_label(path, parent, cls, int(_field(entry, "count") or 0)))
                     parent = path
                 else:
                     out.append(entry_label(entry, parent))
         result = tuple(out)
         self._memo[key] = result
         return result
+
+
+def _below_call_site(body: Hierarchy, site_class: str | None) -> Hierarchy:
+    """The part of an invoke_subgraph body's hierarchy below its call site's module.
+
+    A body records either hierarchies relative to the region (nothing to drop) or, as
+    traced for its first caller, the whole path down to that caller's module (``model >
+    layers.0 > ...``): that prefix names one caller only, so it is dropped, up to the last
+    module entry of the call site's class.
+    """
+    if site_class is None:
+        return body
+    last = -1
+    for i, entry in enumerate(body):
+        if is_module_entry(entry) and str(_field(entry, "class_name", "class")) == site_class:
+            last = i
+    return body[last + 1:] if last >= 0 else body
 
 
 # --------------------------------------------------------------------------- compiled graphs
@@ -206,9 +228,11 @@ class Kernel:
 
     key: str  # the profiler event it appears as, normalized (see event_key)
     name: str  # the name to show, e.g. "cpp_fused_add_mul_0" or "aten::mm"
-    hierarchy: Hierarchy  # common scope of its source nodes, relative to the graph's frame
+    hierarchy: Hierarchy  # common scope of its source nodes, relative to the graph (or body) it is in
     sources: tuple[Hierarchy, ...] = ()  # the distinct source scopes when they differ (fusion)
-    subgraph: str | None = None  # name of the invoke_subgraph body it belongs to
+    # invoke_subgraph call sites (outermost first) when the kernel is in a body called from them:
+    # its scope is call site(s) + body hierarchy
+    sites: tuple[Hierarchy, ...] = ()
 
 
 @dataclasses.dataclass
@@ -217,10 +241,8 @@ class CompiledGraph:
     dynamo_graph: int
     kind: str  # "forward", "backward" or "inference"
     backend: str
+    # every kernel call of one run, in run order (invoke_subgraph bodies expanded per call)
     kernels: list[Kernel] = dataclasses.field(default_factory=list)
-    # invoke_subgraph bodies: name -> their kernels, and the call sites' hierarchies in call order
-    subgraphs: dict[str, list[Kernel]] = dataclasses.field(default_factory=dict)
-    call_sites: dict[str, list[Hierarchy]] = dataclasses.field(default_factory=dict)
 
     @property
     def label(self) -> str:
@@ -265,17 +287,26 @@ def _node_hierarchy(node: fx.Node, backward: bool) -> Hierarchy | None:
     return None
 
 
-def _subgraph_call_sites(gm: fx.GraphModule) -> dict[str, list[fx.Node]]:
-    sites: dict[str, list[fx.Node]] = {}
+def _is_invoke_subgraph(node: fx.Node) -> bool:
+    return node.op == "call_function" and "invoke_subgraph" in str(node.target)
+
+
+def _body_name(node: fx.Node) -> str | None:
+    body = node.args[0] if node.args else None
+    return str(body.target) if isinstance(body, fx.Node) and body.op == "get_attr" else None
+
+
+def _call_sites(gm: fx.GraphModule, backward: bool) -> dict[str, list[Hierarchy]]:
+    """invoke_subgraph body name -> the call sites' hierarchies, in graph order."""
+    sites: dict[str, list[Hierarchy]] = {}
     for node in gm.graph.nodes:
-        if node.op == "call_function" and "invoke_subgraph" in str(node.target) and node.args:
-            body = node.args[0]
-            if isinstance(body, fx.Node) and body.op == "get_attr":
-                sites.setdefault(str(body.target), []).append(node)
+        name = _body_name(node) if _is_invoke_subgraph(node) else None
+        if name is not None:
+            sites.setdefault(name, []).append(_node_hierarchy(node, backward) or ())
     return sites
 
 
-def _make_kernel(name: str, nodes: Sequence[fx.Node], backward: bool, subgraph: str | None) -> Kernel:
+def _make_kernel(name: str, nodes: Sequence[fx.Node], backward: bool) -> Kernel:
     hierarchies = [h for h in (_node_hierarchy(n, backward) for n in nodes) if h is not None]
     distinct: list[Hierarchy] = []
     for h in hierarchies:
@@ -283,64 +314,110 @@ def _make_kernel(name: str, nodes: Sequence[fx.Node], backward: bool, subgraph: 
             distinct.append(h)
     common = common_prefix(distinct)
     return Kernel(kernel_key(name), name if name.startswith("aten::") else kernel_key(name), common,
-                  tuple(distinct) if len(distinct) > 1 else (), subgraph)
+                  tuple(distinct) if len(distinct) > 1 else ())
 
 
-def inductor_kernels(graph: CompiledGraph, gm: fx.GraphModule, provenance: dict[str, list[str]]) -> None:
+_DEF = re.compile(r"^(\s*)def (\w+)\(")
+_HANDLE = re.compile(r"# \[Provenance debug handles\] (\S+):(\d+)\s*$")
+
+
+def wrapper_calls(source: str, functions: Iterable[str]) -> dict[str, list[tuple[str, str]]]:
+    """Per function of Inductor's generated wrapper, its kernel calls and body calls in order.
+
+    Items: ``("kernel", "<name>:<handle>")`` from the provenance comment Inductor writes
+    before each kernel call, ``("body", "<function>")`` for a call of an invoke_subgraph body.
+    Functions that are not bodies are pooled under ``""`` (the graph's ``call``).
+    """
+    bodies = set(functions)
+    call_of = re.compile(r"\b(" + "|".join(re.escape(b) for b in sorted(bodies)) + r")\(") if bodies else None
+    out: dict[str, list[tuple[str, str]]] = {"": []}
+    current = ""
+    indent = -1
+    for line in source.splitlines():
+        m = _DEF.match(line)
+        if m:
+            if len(m.group(1)) <= indent or indent < 0 or current == "":
+                name = m.group(2)
+                current, indent = (name, len(m.group(1))) if name in bodies else ("", -1)
+                out.setdefault(current, [])
+            continue
+        if current and line.strip() and len(line) - len(line.lstrip()) <= indent:
+            current, indent = "", -1
+        h = _HANDLE.search(line)
+        if h:
+            out[current].append(("kernel", f"{h.group(1)}:{h.group(2)}"))
+        elif call_of is not None and not line.lstrip().startswith("#"):
+            c = call_of.search(line)
+            if c:
+                out[current].append(("body", c.group(1)))
+    return out
+
+
+def inductor_kernels(graph: CompiledGraph, gm: fx.GraphModule, provenance: dict[str, list[str]],
+                     source: str | None) -> None:
     """Fill ``graph.kernels`` from Inductor's kernel -> post-grad node provenance, in call order."""
-    nodes = {n.name: n for n in gm.graph.nodes}
-    sites = _subgraph_call_sites(gm)
-    sub_nodes: dict[str, dict[str, fx.Node]] = {}
-    for name in sites:
-        sub = getattr(gm, name, None)
-        if isinstance(sub, fx.GraphModule):
-            sub_nodes[name] = {n.name: n for n in sub.graph.nodes}
-    for name, calls in sites.items():
-        graph.call_sites[name] = [tuple(n.meta.get("call_hierarchy") or ()) for n in calls]
+    modules = {name: m for name, m in gm.named_modules() if isinstance(m, fx.GraphModule)}
+    tables = {name: {n.name: n for n in m.graph.nodes} for name, m in modules.items()}
+    sites = {name: _call_sites(m, graph.backward) for name, m in modules.items()}
+    bodies = {b for s in sites.values() for b in s}
 
-    def handle(key: str) -> int:
-        tail = key.rpartition(":")[2]
-        return int(tail) if tail.isdigit() else 0
-
-    for key in sorted(provenance, key=handle):
+    def kernel(key: str, table: dict[str, fx.Node]) -> Kernel:
         kernel_name = key.rpartition(":")[0] or key
-        origins = provenance[key]
-        # Which graph the origins live in: the outer graph, or one invoke_subgraph body.
-        subgraph = None
-        table = nodes
-        if origins and not all(o in nodes for o in origins):
-            for sub_name, sub_table in sub_nodes.items():
-                if all(o in sub_table for o in origins):
-                    subgraph, table = sub_name, sub_table
-                    break
-        found = [table[o] for o in origins if o in table]
+        found = [table[o] for o in provenance.get(key, ()) if o in table]
         # A fallback extern kernel also lists the nodes that computed its inputs: keep the
         # node whose op it runs.
         own = [n for n in found if f"torch.ops.{n.target}" == kernel_name]
-        kernel = _make_kernel(kernel_name, own or found, graph.backward, subgraph)
-        if subgraph is None:
-            graph.kernels.append(kernel)
-        else:
-            graph.subgraphs.setdefault(subgraph, []).append(kernel)
+        return _make_kernel(kernel_name, own or found, graph.backward)
+
+    if source is None or not bodies:
+        def handle(key: str) -> int:
+            tail = key.rpartition(":")[2]
+            return int(tail) if tail.isdigit() else 0
+
+        graph.kernels = [kernel(k, tables[""]) for k in sorted(provenance, key=handle)]
+        return
+    calls = wrapper_calls(source, bodies)
+    counts: dict[str, int] = {}
+
+    def expand(function: str, module: str, site_prefix: tuple[Hierarchy, ...], depth: int) -> None:
+        table = tables.get(module, tables[""])
+        for what, name in calls.get(function, []):
+            if what == "kernel":
+                k = kernel(name, table)
+                k.sites = site_prefix
+                graph.kernels.append(k)
+            elif depth < 8:
+                owner = next((m for m, s in sites.items() if name in s), "")
+                call = counts.get(name, 0)
+                counts[name] = call + 1
+                owner_sites = sites.get(owner, {}).get(name, [])
+                site = owner_sites[call % len(owner_sites)] if owner_sites else ()
+                body_module = f"{owner}.{name}" if owner else name
+                expand(name, body_module, site_prefix + (site,), depth + 1)
+
+    expand("", "", (), 0)
 
 
 def aten_graph_kernels(graph: CompiledGraph, gm: fx.GraphModule) -> None:
     """Fill ``graph.kernels`` with the ATen ops of an ``aot_eager`` graph, in run order."""
-    sites = _subgraph_call_sites(gm)
-    for name, calls in sites.items():
-        graph.call_sites[name] = [tuple(n.meta.get("call_hierarchy") or ()) for n in calls]
-        sub = getattr(gm, name, None)
-        if isinstance(sub, fx.GraphModule):
-            body = []
-            for node in sub.graph.nodes:
-                key = aten_key(node.target) if node.op == "call_function" else None
-                if key is not None:
-                    body.append(_make_kernel(key, [node], graph.backward, name))
-            graph.subgraphs[name] = body
-    for node in gm.graph.nodes:
-        key = aten_key(node.target) if node.op == "call_function" else None
-        if key is not None:
-            graph.kernels.append(_make_kernel(key, [node], graph.backward, None))
+
+    def expand(module: fx.GraphModule, site_prefix: tuple[Hierarchy, ...], depth: int) -> None:
+        for node in module.graph.nodes:
+            if node.op != "call_function":
+                continue
+            if _is_invoke_subgraph(node) and depth < 8:
+                body = getattr(module, _body_name(node) or "", None)
+                if isinstance(body, fx.GraphModule):
+                    site = _node_hierarchy(node, graph.backward) or ()
+                    expand(body, site_prefix + (site,), depth + 1)
+                continue
+            key = aten_key(node.target)
+            if key is not None:
+                k = _make_kernel(key, [node], graph.backward)
+                k.sites = site_prefix
+                graph.kernels.append(k)
+
+    expand(gm, (), 0)
 
 
 # --------------------------------------------------------------------------- the capture
@@ -420,7 +497,7 @@ class Capture:
             kind = "backward" if kwargs.get("is_backward") else (
                 "inference" if kwargs.get("is_inference") else "forward")
             graph = self.new_graph(dynamo_graph, kind, "inductor")
-            inductor_kernels(graph, gm, provenance)
+            inductor_kernels(graph, gm, provenance, getattr(compiled, "source_code", None))
             self._label_calls(compiled, graph)
             return compiled
 
