@@ -43,7 +43,7 @@ import torch
 from torch import nn
 
 from .annotate import Report, annotate
-from .capture import Capture
+from .capture import Capture, CompiledGraph
 from .tree import Scope, build_tree, format_tree
 
 BACKENDS = ("inductor", "aot_eager")
@@ -63,6 +63,7 @@ class ProfileResult:
     num_dynamo_graphs: int
     num_compiled_graphs: int
     eager_frames: list[str]
+    graphs: list[CompiledGraph] = dataclasses.field(default_factory=list)
     title: str = "call hierarchy profile"
 
     def format_tree(self, max_depth: int | None = None) -> str:
@@ -232,7 +233,8 @@ class CallHierarchyProfiler:
             "eager_frames": eager,
         }
         return ProfileResult(root, report, doc, iterations, self.capture.num_dynamo_graphs,
-                             len(self.capture.graphs), eager, title or "call hierarchy profile")
+                             len(self.capture.graphs), eager, list(self.capture.graphs),
+                             title or "call hierarchy profile")
 
 
 def _activities() -> list[torch.profiler.ProfilerActivity]:
