@@ -894,14 +894,19 @@ def setup(layout: Layout) -> str:
         print(f"creating {venv} ...", flush=True)
         subprocess.run([python311(), "-m", "venv", str(venv)], check=True)
     req = layout.root / "requirements.txt"
+    # pinned packages whose declared dependencies are not needed (installed with --no-deps)
+    nodeps = layout.root / "requirements-nodeps.txt"
     stamp = venv / ".workbench-requirements"
-    want = hashlib.sha256(req.read_bytes()).hexdigest()
+    want = hashlib.sha256(req.read_bytes() + (nodeps.read_bytes() if nodeps.exists() else b"")).hexdigest()
     if not stamp.exists() or stamp.read_text().strip() != want:
         with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as fh:
             fh.write(f"torch=={pinned}\n")
         try:
-            proc = subprocess.run([str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check",
-                                   "-r", str(req), "-c", fh.name])
+            pip = [str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+            proc = subprocess.run([*pip, "-r", str(req), "-c", fh.name])
+            if proc.returncode == 0 and nodeps.exists():
+                req = nodeps
+                proc = subprocess.run([*pip, "--no-deps", "-r", str(nodeps), "-c", fh.name])
         finally:
             os.unlink(fh.name)
         if proc.returncode != 0:

@@ -188,8 +188,13 @@ class RuntimeScopes:
             hierarchy = _below_call_site(hierarchy, previous_class)
             for entry in hierarchy:
                 if is_module_entry(entry):
-                    path = self._rebase(base, entry)
                     cls = str(_field(entry, "class_name", "class") or "?")
+                    own = _field(entry, "path") or ""
+                    module = self.modules.get(own)
+                    if (previous_class is not None and own and module is not None
+                            and type(module).__name__ == cls and (parent == own or parent.startswith(own + "."))):
+                        continue  # a body naming a module its call site is already inside
+                    path = self._rebase(base, entry)
                     previous_class = cls
                     if path == parent or path == base:
                         continue  # the running module itself: the root, or already on the stack
@@ -423,8 +428,12 @@ def aten_graph_kernels(graph: CompiledGraph, gm: fx.GraphModule) -> None:
 # --------------------------------------------------------------------------- the capture
 
 
+# Turned off only to measure what the ranges cost (scripts/profile_cost.py).
+ANNOTATE = True
+
+
 def _profiling() -> bool:
-    return bool(torch.autograd.profiler._is_profiler_enabled)
+    return ANNOTATE and bool(torch.autograd.profiler._is_profiler_enabled)
 
 
 class Capture:

@@ -52,26 +52,26 @@ def _default_loss(output: Any) -> torch.Tensor:
 # --------------------------------------------------------------------------- Qwen2
 
 
-def tiny_qwen2_config() -> Any:
+def tiny_qwen2_config(layers: int = 2) -> Any:
     import transformers
 
     return transformers.Qwen2Config(
         vocab_size=128,
         hidden_size=64,
         intermediate_size=128,
-        num_hidden_layers=2,
+        num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=64,
     )
 
 
-def qwen2(seed: int = 0, seq_len: int = 16) -> Workload:
+def qwen2(seed: int = 0, seq_len: int = 16, layers: int = 2) -> Workload:
     """Tiny Hugging Face Qwen2ForCausalLM with random weights (no download)."""
     import transformers
 
     torch.manual_seed(seed)
-    model = transformers.Qwen2ForCausalLM(tiny_qwen2_config())
+    model = transformers.Qwen2ForCausalLM(tiny_qwen2_config(layers))
     input_ids = torch.randint(0, 128, (1, seq_len))
     return Workload(
         model,
