@@ -156,6 +156,7 @@ def annotate(doc: dict[str, Any], capture: Capture) -> Report:
     compiled_self = attributed_self = 0.0
     unattributed_events = unknown_stacks = 0
     inside_compiled: set[int] = set()
+    scope_memo: dict[tuple[tuple[str, ...], int], tuple[Any, Any]] = {}
 
     def self_time(i: int, children: dict[int, list[int]]) -> float:
         return max(0.0, float(events[i].get("dur", 0.0)) - sum(float(events[c].get("dur", 0.0))
@@ -202,8 +203,14 @@ def annotate(doc: dict[str, Any], capture: Capture) -> Report:
                 why = "not a kernel of this graph" if graph is not None else "graph not captured"
                 att = Attribution(capture.scopes.absolute(base) + (UNATTRIBUTED,), name, graph=graph_name, reason=why)
             else:
-                scope = capture.scopes.absolute(base, *kernel.sites, kernel.hierarchy)
-                sources = tuple(capture.scopes.absolute(base, *kernel.sites, s) for s in kernel.sources)
+                memo_key = (base, id(kernel))
+                memo = scope_memo.get(memo_key)
+                if memo is None:
+                    memo = scope_memo[memo_key] = (
+                        capture.scopes.absolute(base, *kernel.sites, kernel.hierarchy),
+                        tuple(capture.scopes.absolute(base, *kernel.sites, s) for s in kernel.sources),
+                    )
+                scope, sources = memo
                 if stack is None and graph.backward:
                     scope = scope[:1] + ("(forward call not in trace)",) + scope[1:]
                 label = kernel.name + (" (bw)" if graph.backward else "")
