@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import os
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -14,29 +17,57 @@ import pytest
 import torch  # noqa: E402
 import torch.fx.call_hierarchy  # noqa: E402,F401  (the patched torch: fail, never skip)
 
-from scripts.hierarchy_profiler import models  # noqa: E402
+from scripts.hierarchy_profiler import CallHierarchyProfiler, models  # noqa: E402
+from scripts.hierarchy_profiler.api import ProfileResult  # noqa: E402
+from scripts.hierarchy_profiler.capture import RuntimeScopes, wrapper_calls  # noqa: E402
 from scripts.hierarchy_profiler.cli import main  # noqa: E402
-from scripts.hierarchy_profiler.session import Options, Result, run  # noqa: E402
-from scripts.hierarchy_profiler.tree import Scope, build_tree  # noqa: E402
+from scripts.hierarchy_profiler.tree import Scope  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
-EPS_US = 0.002  # the trace rounds times to 1 ns
+EPS_US = 0.002
 
 
-def profile(model: str, **options: Any) -> tuple[Result, Scope]:
-    result = run(models.build(model), Options(**options))
-    return result, build_tree(result.iterations)
+def profile(model: str, backend: str = "inductor", train: bool = False, iters: int = 2,
+            fullgraph: bool = False) -> ProfileResult:
+    """What the CLI does, through the API: compile inside the profiler, 1 warm-up, ``iters`` measured."""
+    torch._dynamo.reset()
+    workload = models.build(model)
+    module = workload.model
+    module.train(train)
+    hp = CallHierarchyProfiler(module)
+
+    def step(fn: Any) -> None:
+        if train:
+            module.zero_grad(set_to_none=True)
+            workload.loss_of(fn(*workload.args, **workload.kwargs)).backward()
+        else:
+            with torch.no_grad():
+                fn(*workload.args, **workload.kwargs)
+
+    with hp:
+        if backend == "inductor":
+            compiled = torch.compile(module, fullgraph=fullgraph)
+        else:
+            compiled = torch.compile(module, backend=hp.backend(backend), fullgraph=fullgraph)
+        step(compiled)
+        with hp.profile() as prof:
+            for _ in range(iters):
+                step(compiled)
+                prof.step()
+    assert hp.result is not None
+    return hp.result
 
 
 def scope_at(root: Scope, *labels: str) -> Scope:
     node = root
     for label in labels:
+        assert label in node.children, (label, list(node.children))
         node = node.children[label]
     return node
 
 
-def counts_by_path(root: Scope) -> dict[tuple[str, ...], int]:
-    out: dict[tuple[str, ...], int] = {}
+def counts_by_path(root: Scope) -> dict[tuple[str, ...], float]:
+    out: dict[tuple[str, ...], float] = {}
 
     def visit(node: Scope, path: tuple[str, ...]) -> None:
         out[path] = node.total_count
@@ -47,115 +78,355 @@ def counts_by_path(root: Scope) -> dict[tuple[str, ...], int]:
     return out
 
 
-@pytest.mark.parametrize("train", [False, True], ids=["inference", "train"])
-def test_tree_totals_equal_graph_nodes(train: bool) -> None:
-    result, root = profile("nested", train=train, fullgraph=True)
-    graphs = result.recorder.graphs
-    assert [g.kind for g in graphs] == (["forward", "backward"] if train else ["inference"])
-    assert root.total_count == sum(g.num_ops for g in graphs) > 0
-    for _, node in root.walk():
-        assert node.total_count == node.self_count + sum(c.total_count for c in node.children.values())
-    layer = scope_at(root, "layers.0 (Block)")
-    assert set(layer.children) == {"norm (LayerNorm)", "scaled_tanh#0", "mlp (MLP)"}
-    assert set(scope_at(layer, "mlp (MLP)", "gate#0").children) == {"scaled_tanh#0"}
-    backward_ops = [op for _, n in root.walk() for op in n.ops if op.endswith(" (bw)")]
-    assert bool(backward_ops) == train
-    if train:  # backward ops sit under their forward origin
-        assert any(op.endswith("(bw)") for op in scope_at(layer, "mlp (MLP)", "up (Linear)").ops)
+def kernels_under(node: Scope) -> list[str]:
+    return [op for _, n in node.walk() for op in n.ops]
 
 
-def test_graph_break_per_layer_totals_match_fullgraph() -> None:
-    full_result, full = profile("nested", train=True, fullgraph=True)
-    broken_result, broken = profile("nested-graph-break", train=True)
-    # the layer graphs are compiled once (before and after the break) and shared by both layers
-    assert broken_result.recorder.num_dynamo_graphs == 2
-    assert full_result.recorder.num_dynamo_graphs == 1
-    full_counts, broken_counts = counts_by_path(full), counts_by_path(broken)
-    for layer in ("layers.0 (Block)", "layers.1 (Block)"):
-        layer_paths = {p for p in full_counts if p[:1] == (layer,)}
-        assert layer_paths == {p for p in broken_counts if p[:1] == (layer,)}
-        for path in layer_paths:
-            assert broken_counts[path] == full_counts[path], path
-
-
-def test_times_add_up() -> None:
-    result, root = profile("nested", warmup=1, iters=3)
-    assert len(result.iterations) == 3
-    op_ns = sum(op.end_ns - op.start_ns for runs in result.iterations for run in runs for op in run.ops)
-    assert root.total_ns == pytest.approx(op_ns / 3)
-    for _, node in root.walk():
+def check_tree_adds_up(result: ProfileResult) -> None:
+    for _, node in result.root.walk():
         assert node.total_ns == pytest.approx(node.self_ns + sum(c.total_ns for c in node.children.values()))
+    # the tree holds every compiled-region kernel call of the trace: mean time per iteration
+    total_us = sum(s.self_us for s in result.report.samples)
+    assert result.root.total_ns == pytest.approx(total_us * 1000.0 / result.iterations)
+
+
+# --------------------------------------------------------------------------- backends x modes
+
+
+@pytest.mark.parametrize("backend", ["inductor", "aot_eager"])
+@pytest.mark.parametrize("train", [False, True], ids=["inference", "train"])
+def test_nested_model_attributed(backend: str, train: bool) -> None:
+    result = profile("nested", backend=backend, train=train, fullgraph=True)
+    assert result.report.share >= 0.99, result.summary()
+    assert result.report.unattributed_events == 0
+    assert [g.kind for g in result.graphs] == (["forward", "backward"] if train else ["inference"])
+    check_tree_adds_up(result)
+    root = result.root
+    assert root.label == "Nested"
+    for layer in ("layers.0 (Block)", "layers.1 (Block)"):
+        # the matmuls of each Linear stay in that Linear (extern kernels / ATen ops)
+        assert scope_at(root, layer, "mlp (MLP)", "up (Linear)").total_count >= 1
+        assert scope_at(root, layer, "mlp (MLP)", "down (Linear)").total_count >= 1
+    backward = [op for op in kernels_under(root) if op.endswith(" (bw)")]
+    assert bool(backward) == train
+    if train:  # backward kernels sit under their forward origin
+        assert any(op.endswith("(bw)") for op in kernels_under(scope_at(root, "layers.1 (Block)", "mlp (MLP)")))
+    if backend == "aot_eager":
+        # every ATen op of a layer, with its helper functions, is in its scope
+        assert set(scope_at(root, "layers.0 (Block)").children) == {"norm (LayerNorm)", "scaled_tanh#0", "mlp (MLP)"}
+        assert set(scope_at(root, "layers.0 (Block)", "mlp (MLP)", "gate#0").children) == {"scaled_tanh#0"}
+    if backend == "inductor":
+        assert all(not op.startswith("aten::") or op.split(" ")[0] in ("aten::addmm", "aten::mm")
+                   for op in kernels_under(root)), kernels_under(root)
+        assert any(op.startswith("cpp_fused_") for op in kernels_under(root))
+
+
+@pytest.mark.parametrize("backend", ["inductor", "aot_eager"])
+def test_graph_break_per_layer_counts_match_fullgraph(backend: str) -> None:
+    full = profile("nested", backend=backend, train=True, fullgraph=True)
+    broken = profile("nested-graph-break", backend=backend, train=True)
+    assert full.num_dynamo_graphs == 1
+    assert broken.num_dynamo_graphs == 2  # compiled once before and once after the break, shared by the layers
+    assert broken.report.share >= 0.99
+    full_counts, broken_counts = counts_by_path(full.root), counts_by_path(broken.root)
+    for layer in ("layers.0 (Block)", "layers.1 (Block)"):
+        layer_paths = {p for p in broken_counts if p[:1] == (layer,)}
+        assert layer_paths and layer_paths <= set(full_counts)
+        if backend == "aot_eager":  # same ATen ops; Inductor fuses differently across the break
+            assert layer_paths == {p for p in full_counts if p[:1] == (layer,)}
+            for path in layer_paths:
+                assert broken_counts[path] == full_counts[path], path
+    # the frame Dynamo gave up on (the loop over the layers) is reported, not silently missing
+    assert broken.eager_frames and "ran eagerly" in broken.eager_frames[0]
+
+
+# --------------------------------------------------------------------------- the main job on tiny Qwen2
 
 
 @pytest.fixture(scope="module")
-def cli_out(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
-    out = tmp_path_factory.mktemp("profile")
-    import contextlib
-    import io
-
+def qwen2_train(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    out = tmp_path_factory.mktemp("qwen2_train")
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(io.StringIO()):
-        rc = main(["--model", "nested-graph-break", "--train", "--profile", "--warmup", "1", "--iters", "2",
+        rc = main(["--backend", "inductor", "--train", "--profile", "--warmup", "1", "--iters", "2",
                    "--out", str(out)])
     assert rc == 0
     return out, buf.getvalue()
 
 
-def test_cli_prints_tree_and_paths(cli_out: tuple[Path, str]) -> None:
-    out, stdout = cli_out
-    assert "layers.1 (Block)" in stdout and "total ms" in stdout
+def attributed_share(stdout: str) -> float:
+    line = next(line for line in stdout.splitlines() if "attributed" in line)
+    return float(line.split("attributed: ")[1].split("%")[0])
+
+
+def test_qwen2_train_prints_scopes_and_share(qwen2_train: tuple[Path, str]) -> None:
+    out, stdout = qwen2_train
+    assert attributed_share(stdout) >= 99.0, stdout
+    for text in ("layers.1 (Qwen2DecoderLayer)", "self_attn (Qwen2Attention)", "q_proj (Linear)",
+                 "total ms", "self ms", "mean of 2 measured iteration(s)"):
+        assert text in stdout
     for name in ("trace.json", "hierarchy.folded", "hierarchy_us.folded", "flamegraph.svg"):
         assert (out / name).is_file()
         assert str(out / name) in stdout
 
 
-def test_trace_ops_lie_inside_their_scopes(cli_out: tuple[Path, str]) -> None:
-    events = json.loads((cli_out[0] / "trace.json").read_text())["traceEvents"]
-    complete = [e for e in events if e["ph"] == "X"]
-    scopes: dict[tuple[str, ...], list[tuple[float, float]]] = {}
-    for e in complete:
-        if e["cat"].startswith("scope"):
-            assert e["name"] == e["args"]["scope"][-1]
-            scopes.setdefault(tuple(e["args"]["scope"]), []).append((e["ts"], e["ts"] + e["dur"]))
-    ops = [e for e in complete if e["cat"].startswith("op")]
-    assert ops and any(e["cat"] == "op.backward" for e in ops)
-    layers = {e["args"]["scope"][1] for e in ops if len(e["args"]["scope"]) > 1}
-    assert layers == {"layers.0 (Block)", "layers.1 (Block)"}
-    for op in ops:
-        start, end = op["ts"], op["ts"] + op["dur"]
-        path = tuple(op["args"]["scope"])
+def _complete(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    return [e for e in doc["traceEvents"] if e.get("ph") == "X"]
+
+
+def test_trace_is_the_profilers_trace_annotated(qwen2_train: tuple[Path, str]) -> None:
+    doc = json.loads((qwen2_train[0] / "trace.json").read_text())
+    events = _complete(doc)
+    names = {e["name"] for e in events}
+    # the profiler's own events are there: Inductor's CPU kernels, extern kernels, its range
+    assert any(n.startswith("graph_") and "cpp_fused_" in n for n in names)
+    assert "aten::mm" in names or "aten::addmm" in names
+    assert any(n.startswith("## Call CompiledFxGraph") for n in names)
+    assert doc["callHierarchy"]["measured_iterations"] == 2
+    kernels = [e for e in events if "call_hierarchy_kernel" in e.get("args", {})]
+    assert kernels
+    for e in kernels:
+        scope = e["args"]["call_hierarchy"]
+        assert scope[0] == "Qwen2ForCausalLM" and all(isinstance(s, str) and s for s in scope)
+        assert "call_hierarchy_unattributed" not in e["args"], e
+    backward = [e for e in kernels if e["args"].get("call_hierarchy_backward")]
+    assert backward and all(e["args"]["call_hierarchy_kernel"].endswith(" (bw)") for e in backward)
+    layers = {e["args"]["call_hierarchy"][2] for e in kernels if len(e["args"]["call_hierarchy"]) > 2}
+    assert {"layers.0 (Qwen2DecoderLayer)", "layers.1 (Qwen2DecoderLayer)"} <= layers
+    # fused kernels name their source scopes when those differ
+    fused = [e for e in kernels if "call_hierarchy_sources" in e["args"]]
+    assert fused
+    for e in fused:
+        assert all(s[: len(e["args"]["call_hierarchy"])] == e["args"]["call_hierarchy"]
+                   for s in e["args"]["call_hierarchy_sources"])
+
+
+def test_trace_events_lie_inside_their_scope_slices(qwen2_train: tuple[Path, str]) -> None:
+    doc = json.loads((qwen2_train[0] / "trace.json").read_text())
+    events = _complete(doc)
+    slices: dict[tuple[Any, Any, tuple[str, ...]], list[tuple[float, float]]] = {}
+    for e in events:
+        if e.get("cat") == "call_hierarchy":
+            assert e["name"] == e["args"]["call_hierarchy"][-1]
+            key = (e["pid"], e["tid"], tuple(e["args"]["call_hierarchy"]))
+            slices.setdefault(key, []).append((e["ts"], e["ts"] + e["dur"]))
+    assert slices
+    attributed = [e for e in events if "call_hierarchy" in e.get("args", {}) and e.get("cat") != "call_hierarchy"]
+    for e in attributed:
+        path = tuple(e["args"]["call_hierarchy"])
+        start, end = e["ts"], e["ts"] + e["dur"]
         for depth in range(1, len(path) + 1):
-            ranges = scopes.get(path[:depth], [])
-            assert any(s - EPS_US <= start and end <= e + EPS_US for s, e in ranges), (op, path[:depth])
+            ranges = slices.get((e["pid"], e["tid"], path[:depth]), [])
+            assert any(s - EPS_US <= start and end <= t + EPS_US for s, t in ranges), (e["name"], path[:depth])
 
 
-def test_folded_file_parses(cli_out: tuple[Path, str]) -> None:
-    out, _ = cli_out
-    total = 0
-    for line in (out / "hierarchy.folded").read_text().splitlines():
-        stack, _, count = line.rpartition(" ")
-        frames = stack.split(";")
-        assert frames[0] == "Nested" and all(frames), line
-        total += int(count)
-    for line in (out / "hierarchy_us.folded").read_text().splitlines():
-        assert int(line.rpartition(" ")[2]) >= 1
-    assert total > 0
+def test_trace_loads_in_holistic_trace_analysis(qwen2_train: tuple[Path, str], tmp_path: Path) -> None:
+    """An independent consumer: HTA parses the annotated trace; slices nest properly per thread."""
+    from hta.common.trace import Trace
+
+    (tmp_path / "rank0.json").write_text((qwen2_train[0] / "trace.json").read_text())
+    trace = Trace(trace_dir=str(tmp_path))
+    trace.parse_traces()
+    df = trace.get_trace(0)
+    symbols = trace.symbol_table.get_sym_table()
+    df = df.assign(label=[symbols[i] for i in df["name"]])
+    doc = json.loads((tmp_path / "rank0.json").read_text())
+    scope_slices = [e for e in _complete(doc) if e.get("cat") == "call_hierarchy"]
+    assert scope_slices
+    # HTA keeps every complete event on a CPU thread, scope slices included
+    loaded = df[df["label"].isin({e["name"] for e in scope_slices})]
+    assert len(loaded) >= len(scope_slices)
+    # properly nested per thread: any two slices are disjoint or one contains the other
+    for tid, group in df.groupby("tid"):
+        rows = sorted(zip(group["ts"].tolist(), (group["ts"] + group["dur"]).tolist()),
+                      key=lambda r: (r[0], -r[1]))
+        stack: list[float] = []
+        for start, end in rows:
+            while stack and stack[-1] <= start:
+                stack.pop()
+            assert not stack or end <= stack[-1], (tid, start, end, stack[-1])
+            stack.append(end)
 
 
-def test_svg_is_well_formed(cli_out: tuple[Path, str]) -> None:
-    tree = ET.parse(cli_out[0] / "flamegraph.svg")
+def test_folded_and_svg(qwen2_train: tuple[Path, str]) -> None:
+    out, _ = qwen2_train
+    for name in ("hierarchy.folded", "hierarchy_us.folded"):
+        lines = (out / name).read_text().splitlines()
+        assert lines
+        for line in lines:
+            stack, _, weight = line.rpartition(" ")
+            assert stack.split(";")[0] == "Qwen2ForCausalLM" and int(weight) >= 1
+    tree = ET.parse(out / "flamegraph.svg")
     ns = "{http://www.w3.org/2000/svg}"
-    assert tree.getroot().tag == f"{ns}svg"
     titles = [t.text or "" for t in tree.getroot().iter(f"{ns}title")]
-    assert any(t.startswith("layers.1 (Block)") for t in titles)
+    assert any(t.startswith("layers.1 (Qwen2DecoderLayer)") for t in titles)
     assert any("(bw)" in t for t in titles)
 
 
+@pytest.mark.parametrize("backend", ["inductor", "aot_eager"])
+def test_qwen2_inference_attributed(backend: str) -> None:
+    result = profile("qwen2", backend=backend, iters=1)
+    assert result.report.share >= 0.99, result.summary()
+    root = result.root
+    attn = scope_at(root, "model (Qwen2Model)", "layers.1 (Qwen2DecoderLayer)", "self_attn (Qwen2Attention)")
+    assert scope_at(attn, "q_proj (Linear)").total_count >= 1
+
+
+def test_regional_compilation_attributes_each_layer_call() -> None:
+    """nested_compile_region on the decoder layers: one body, called per layer, each call in its layer."""
+    result = profile("qwen2-regional", backend="inductor", train=True, iters=1)
+    assert result.report.share >= 0.99, result.summary()
+    model = scope_at(result.root, "model (Qwen2Model)")
+    layer0 = scope_at(model, "layers.0 (Qwen2DecoderLayer)")
+    layer1 = scope_at(model, "layers.1 (Qwen2DecoderLayer)")
+    assert layer0.total_count == layer1.total_count > 0
+    for layer in (layer0, layer1):
+        assert scope_at(layer, "self_attn (Qwen2Attention)", "q_proj (Linear)").total_count >= 1
+        assert scope_at(layer, "mlp (Qwen2MLP)", "down_proj (Linear)").total_count >= 1
+        assert set(layer.children) <= {"self_attn (Qwen2Attention)", "mlp (Qwen2MLP)",
+                                       "input_layernorm (Qwen2RMSNorm)", "post_attention_layernorm (Qwen2RMSNorm)"}
+
+
+def test_wrapper_calls_splits_bodies() -> None:
+    source = "\n".join([
+        "def repeated_subgraph0(args):",
+        "    # [Provenance debug handles] cpp_fused_a_0:3",
+        "    cpp_fused_a_0(x)",
+        "    # [Provenance debug handles] extern_kernels.mm:4",
+        "    extern_kernels.mm(x, y, out=z)",
+        "def call(self, args):",
+        "    # [Provenance debug handles] cpp_fused_b_1:1",
+        "    cpp_fused_b_1(x)",
+        "    buf = repeated_subgraph0([a, b])",
+        "    buf2 = repeated_subgraph0([c, d])",
+        "    # [Provenance debug handles] extern_kernels.mm:2",
+        "    extern_kernels.mm(a, b, out=c)",
+    ])
+    calls = wrapper_calls(source, {"repeated_subgraph0"})
+    assert calls["repeated_subgraph0"] == [("kernel", "cpp_fused_a_0:3"), ("kernel", "extern_kernels.mm:4")]
+    assert calls[""] == [("kernel", "cpp_fused_b_1:1"), ("body", "repeated_subgraph0"),
+                         ("body", "repeated_subgraph0"), ("kernel", "extern_kernels.mm:2")]
+
+
+def test_unknown_entry_type_renders_its_label() -> None:
+    class Future:
+        TYPE = "region"
+
+        def label(self, parent_path: str = "") -> str:
+            return "region<decoder>"
+
+    class Broken:
+        def label(self, parent_path: str = "") -> str:
+            raise RuntimeError("no label")
+
+        def __str__(self) -> str:
+            return "broken-entry"
+
+    model = models.nested().model
+    scopes = RuntimeScopes(model)
+    labels = scopes.absolute(("layers.1",), (Future(), Broken()))
+    assert labels == ("Nested", "layers.1 (Block)", "region<decoder>", "broken-entry")
+
+
+# --------------------------------------------------------------------------- the API from a user's script
+
+
+def test_api_from_a_user_script(tmp_path: Path) -> None:
+    script = tmp_path / "user_script.py"
+    script.write_text(f"""
+import sys, torch
+sys.path.insert(0, {str(REPO)!r})
+from scripts.hierarchy_profiler import CallHierarchyProfiler
+
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+x = torch.randn(4, 8)
+hp = CallHierarchyProfiler(model)
+with hp:
+    compiled = torch.compile(model)
+    compiled(x)
+    with hp.profile() as prof:
+        for _ in range(2):
+            compiled(x)
+            prof.step()
+print(hp.result.format_tree())
+print(hp.result.summary())
+hp.result.save({str(tmp_path / "out")!r})
+""")
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "0 (Linear)" in proc.stdout and "2 (Linear)" in proc.stdout
+    assert attributed_share(proc.stdout) >= 99.0
+    assert (tmp_path / "out" / "trace.json").is_file()
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+def run_cli(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "scripts.profile_hierarchy", *argv],
+                          cwd=REPO, capture_output=True, text=True, timeout=600)
+
+
+def test_refusals_before_compiling(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    a_file = tmp_path / "a_file"
+    a_file.write_text("keep me\n")
+    cases = [
+        (["--out", str(a_file)], "is not a directory"),
+        (["--out", str(a_file / "sub")], "is not a directory"),
+        (["--iters", "0"], "--iters must be at least 1"),
+        (["--iters", "0", "--profile"], "--iters must be at least 1"),
+        (["--depth", "0"], "--depth must be at least 1"),
+        (["--warmup", "0", "--profile"], "--warmup must be at least 1"),
+    ]
+    for argv, message in cases:
+        assert main(["--model", "no-such-model-is-built-first", *argv]) == 2, argv
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err, (argv, err)
+    assert a_file.read_text() == "keep me\n"
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root can write anywhere")
+def test_unwritable_out_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        assert main(["--out", str(locked / "out")]) == 2
+        assert "is not writable" in capsys.readouterr().err
+    finally:
+        locked.chmod(0o700)
+
+
+def test_no_stale_outputs_and_one_line_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "trace.json").write_text("old")
+    (out / "notes.txt").write_text("the user's file")
+    (tmp_path / "user_models.py").write_text(
+        "import torch\n"
+        "def identity():\n    return torch.nn.Identity(), (torch.randn(2, 3),)\n"
+        "class ArgMax(torch.nn.Module):\n"
+        "    def __init__(self):\n        super().__init__()\n        self.lin = torch.nn.Linear(3, 4)\n"
+        "    def forward(self, x):\n        return self.lin(x).argmax(-1)\n"
+        "def argmax():\n    return ArgMax(), (torch.randn(2, 3),)\n"
+        "def tiny():\n    return torch.nn.Sequential(torch.nn.Linear(3, 5), torch.nn.ReLU()), (torch.randn(2, 3),)\n")
+    env_path = f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
+    monkeypatch.setenv("PYTHONPATH", env_path)
+    proc = run_cli("--model", "user_models:identity", "--out", str(out))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "ran no kernel" in proc.stderr and len(proc.stderr.strip().splitlines()[-1]) > 20
+    proc = run_cli("--model", "user_models:argmax", "--train", "--out", str(out))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "no floating-point tensor" in proc.stderr
+    assert (out / "trace.json").read_text() == "old"  # failed runs leave the earlier outputs alone
+    proc = run_cli("--model", "user_models:tiny", "--backend", "aot_eager", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads((out / "trace.json").read_text())["callHierarchy"]["measured_iterations"] == 1
+    assert (out / "notes.txt").read_text() == "the user's file"
+
+
 def test_unknown_model_is_a_clear_error() -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "scripts.profile_hierarchy", "--model", "no-such-model"],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
-    )
+    proc = run_cli("--model", "no-such-model")
     assert proc.returncode == 2
     assert "unknown model 'no-such-model'" in proc.stderr and "qwen2" in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -173,33 +444,3 @@ def test_failing_factory_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.Mo
     assert "no callable 'not_callable'" in capsys.readouterr().err
     assert main(["--model", "no_such_module_xyz:f", "--out", str(tmp_path)]) == 2
     assert "cannot import module 'no_such_module_xyz'" in capsys.readouterr().err
-
-
-def test_user_factory_tuple(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    (tmp_path / "user_model.py").write_text(
-        "import torch\n\ndef make():\n    return torch.nn.Sequential(torch.nn.Linear(3, 5), torch.nn.ReLU()), "
-        "(torch.randn(2, 3),)\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    result = run(models.build("user_model:make"), Options())
-    root = build_tree(result.iterations)
-    assert root.label == "Sequential"
-    assert set(root.children) == {"0 (Linear)", "1 (ReLU)"}
-
-
-def test_default_qwen2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["--out", str(tmp_path)]) == 0
-    stdout = capsys.readouterr().out
-    result_line = next(line for line in stdout.splitlines() if line.startswith("Qwen2ForCausalLM"))
-    assert int(result_line.split()[1]) > 100
-    assert "apply_rotary_pos_emb#0" in stdout and "rotate_half#1" in stdout
-    assert (tmp_path / "trace.json").is_file()
-
-
-def test_inductor_kernels_attributed_to_common_scope(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    result, root = profile("nested", backend="inductor", fullgraph=True)
-    (graph,) = result.recorder.graphs
-    assert root.total_count == graph.num_ops == len(graph.forward) > 0
-    # extern matmuls keep their Linear's scope; fused kernels land at the common scope of their origins
-    assert scope_at(root, "layers.1 (Block)", "mlp (MLP)", "down (Linear)").total_count >= 1
-    assert main(["--model", "nested", "--backend", "inductor", "--profile", "--out", str(tmp_path)]) == 2
-    assert "--profile needs --backend aot_eager" in capsys.readouterr().err

@@ -1,89 +1,129 @@
-"""Compile a model with ``record_call_hierarchy`` on and time every ATen op under its scope.
+"""Compile-time capture: what each compiled graph runs, and which scope each of its kernels belongs to.
 
-The ``aot_eager`` path: a Dynamo backend built on AOTAutograd whose forward,
-backward and inference compilers return a :class:`TimedGraph`, an
-``fx.Interpreter`` that times each ``call_function`` node of the ATen graph.
-Forward/inference nodes are attributed to ``node.meta["call_hierarchy"]``,
-backward nodes to ``node.meta["fwd_call_hierarchy"]`` (their forward origin)
-and marked ``(bw)``.
+Nothing here times anything: timing comes from ``torch.profiler`` (see :mod:`.annotate`).
+While a :class:`Capture` is installed, every graph Dynamo hands to the backend is compiled
+by the real backend (Inductor's ``compile_fx`` or AOTAutograd with ``aot_eager``'s no-op
+compilers) and, on the side, we record for each compiled forward/backward/inference graph
+the ordered list of kernels it calls and, per kernel, its scope:
 
-Graph breaks: a graph's hierarchy is relative to the frame Dynamo compiled
-(e.g. ``Block.forward`` or a resume function inside it), and one graph may
-serve several callers (``layers.0`` and ``layers.1``).  Each time a graph runs,
-:class:`RuntimeScopes` reads the module-call stack of the running program (the
-Python frames whose arguments hold modules of the model, outermost first) and
-prefixes the graph's relative hierarchy with it, rebasing relative module paths
-onto the innermost running module.  Backward graphs run after the forward, so
-each forward run pushes its runtime context and the matching backward run pops
-it (backward runs in reverse order of the forward runs of a graph).
+* Inductor: the provenance that Inductor itself records at codegen
+  (``torch._inductor.config.trace.provenance_tracking_level = 1`` fills
+  ``torch._inductor.debug._inductor_triton_kernel_to_post_grad_node_info``: one entry per
+  kernel *call* in the generated wrapper, ``"<kernel>:<handle>" -> [post-grad node names]``,
+  handles in call order).  The post-grad nodes carry ``call_hierarchy`` (and, in a backward
+  graph, ``fwd_call_hierarchy``: the forward op the gradient belongs to).  A kernel fused
+  from several nodes gets their lowest common scope, and keeps the distinct source scopes.
+* aot_eager: every ``call_function`` node with an ATen target of the ATen graph, in order.
+
+Two ``record_function`` ranges (visible only while the profiler runs) link profiler events
+to this record: ``## call_hierarchy dynamo graph D @ S ##`` around each run of a Dynamo graph
+(``S`` numbers the module-call stack of the running program at that call, which graph
+breaks and shared graphs need), and ``## call_hierarchy graph G <kind> ##`` around each call
+of a compiled graph ``G``.  The compiled code itself is not changed.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 import sys
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
 from torch import fx, nn
-from torch.fx.call_hierarchy import CallHierarchyEntry, FunctionCallEntry, ModuleCallEntry, UnknownFramesEntry
 
-Hierarchy = tuple[CallHierarchyEntry, ...]
+Hierarchy = tuple[Any, ...]  # call_hierarchy entries (torch.fx.call_hierarchy), outermost first
+Labels = tuple[str, ...]
 
-
-@dataclasses.dataclass(frozen=True)
-class OpEvent:
-    scope: tuple[str, ...]  # labels, outermost first (the model root first)
-    op: str
-    backward: bool
-    start_ns: int
-    end_ns: int
+RANGE_PREFIX = "## call_hierarchy "
+DYNAMO_RANGE = re.compile(r"^## call_hierarchy dynamo graph (\d+) @ (\d+) ##$")
+GRAPH_RANGE = re.compile(r"^## call_hierarchy graph (\d+) (\w+) ##$")
 
 
-@dataclasses.dataclass
-class GraphRun:
-    name: str  # e.g. "graph 0 forward"
-    start_ns: int
-    end_ns: int
-    ops: list[OpEvent]
+# --------------------------------------------------------------------------- entries
 
 
-def op_name(node: fx.Node) -> str:
-    target = node.target
-    if isinstance(target, torch._ops.OpOverload):
-        name = f"{target.namespace}.{target._opname}"
-        return name if target._overloadname == "default" else f"{name}.{target._overloadname}"
-    return getattr(target, "__name__", str(target))
+def _field(entry: Any, *names: str) -> Any:
+    """A field of a call_hierarchy entry, by attribute or mapping key (entry types evolve)."""
+    for name in names:
+        value = getattr(entry, name, None)
+        if value is not None:
+            return value
+        try:
+            return entry[name]
+        except (KeyError, TypeError, IndexError):
+            continue
+    return None
 
 
-def labels(hierarchy: Sequence[CallHierarchyEntry]) -> tuple[str, ...]:
+def is_module_entry(entry: Any) -> bool:
+    kind = _field(entry, "TYPE", "type")
+    return kind == "module" and isinstance(_field(entry, "path"), str)
+
+
+def module_label(path: str, parent_path: str, class_name: str, count: int = 0) -> str:
+    if parent_path and path.startswith(parent_path + "."):
+        path = path[len(parent_path) + 1:]
+    return f"{path}{f'#{count}' if count else ''} ({class_name})"
+
+
+def entry_label(entry: Any, parent_path: str) -> str:
+    """``entry.label(parent_path)``; an entry type we do not know still renders (never crashes)."""
+    label = getattr(entry, "label", None)
+    if callable(label):
+        try:
+            return str(label(parent_path))
+        except Exception:
+            pass
+    return str(entry)
+
+
+def labels(hierarchy: Sequence[Any], parent_path: str = "") -> Labels:
     """The labels of ``format_call_hierarchy``, one per entry."""
     out = []
-    parent_path = ""
     for entry in hierarchy:
-        out.append(entry.label(parent_path))
-        if isinstance(entry, ModuleCallEntry):
-            parent_path = entry.path
+        out.append(entry_label(entry, parent_path))
+        if is_module_entry(entry):
+            parent_path = _field(entry, "path")
     return tuple(out)
 
 
-def _module_entry(path: str, module: nn.Module, count: int = 0) -> ModuleCallEntry:
-    cls = type(module)
-    return ModuleCallEntry(
-        path.rpartition(".")[2], path, cls.__name__, f"{cls.__module__}.{cls.__qualname__}", count
-    )
+def common_prefix(hierarchies: Iterable[Hierarchy]) -> Hierarchy:
+    common: Hierarchy | None = None
+    for h in hierarchies:
+        if common is None:
+            common = tuple(h)
+            continue
+        n = 0
+        for a, b in zip(common, h):
+            if a != b:
+                break
+            n += 1
+        common = common[:n]
+    return common or ()
+
+
+# --------------------------------------------------------------------------- runtime module stack
 
 
 class RuntimeScopes:
-    """Absolute scopes of the model: runtime module-call stack + a graph's relative hierarchy."""
+    """Absolute scopes: runtime module-call stack + the hierarchies a kernel's graph records.
+
+    A graph's hierarchy is relative to the frame Dynamo compiled (the root module's
+    ``forward``, a module compiled as its own root after a graph break, a resume
+    function), and one graph may serve several callers (``layers.0`` and ``layers.1``).
+    Each Dynamo graph run reads the module-call stack of the running program (Python
+    frames whose arguments hold modules of the model, outermost first); module paths of
+    the graph are rebased onto the innermost running module.  A kernel of an
+    ``invoke_subgraph`` body composes the call site's hierarchy and the body's.
+    """
 
     def __init__(self, model: nn.Module) -> None:
         self.root_label = type(model).__name__
         self.modules: dict[str, nn.Module] = dict(model.named_modules())
         self.path_of: dict[int, str] = {id(m): p for p, m in self.modules.items()}
-        self._memo: dict[tuple[tuple[str, ...], Hierarchy], tuple[str, ...]] = {}
+        self._memo: dict[tuple[Any, ...], Labels] = {}
 
     def module_stack(self) -> tuple[str, ...]:
         """Paths of the model's modules whose frames are running, outermost first.
@@ -94,6 +134,7 @@ class RuntimeScopes:
         """
         stack: list[str] = []
         frame = sys._getframe(1)
+        path_of = self.path_of
         while frame is not None:
             code = frame.f_code
             nargs = code.co_argcount + code.co_kwonlyargcount
@@ -101,7 +142,7 @@ class RuntimeScopes:
             if nargs:
                 f_locals = frame.f_locals
                 for name in code.co_varnames[:nargs]:
-                    path = self.path_of.get(id(f_locals.get(name)))
+                    path = path_of.get(id(f_locals.get(name)))
                     if path is not None and (owner is None or len(path) < len(owner)):
                         owner = path
             if owner is not None and (not stack or stack[-1] != owner):
@@ -110,155 +151,419 @@ class RuntimeScopes:
         stack.reverse()
         return tuple(p for i, p in enumerate(stack) if p and p not in stack[:i])
 
-    def _rebase(self, base: str, entry: ModuleCallEntry) -> str:
+    def _rebase(self, base: str, entry: Any) -> str:
         """Absolute path of a module entry recorded relative to the running module ``base``.
 
-        A compiled frame that reaches its module through a local rather than as
-        its root (a Dynamo resume function: ``self.mlp``; a module compiled from
-        a wrapper frame: ``fn.0``) records that local's name as the first path
-        component: when the path does not resolve under ``base``, it is dropped.
+        A compiled frame that reaches its module through a local rather than as its root
+        (a Dynamo resume function: ``self.mlp``; a module compiled from a wrapper frame:
+        ``fn.0``; a bound method: ``forward.__self__.mlp``) records that access path as the
+        leading path components: they are dropped until the path resolves under ``base``
+        to a module of the recorded class.
         """
-        rel = entry.path
-        for candidate in (rel, rel.partition(".")[2]):
-            path = ".".join(p for p in (base, candidate) if p)
+        rel = _field(entry, "path") or ""
+        cls = _field(entry, "class_name", "class")
+        parts = rel.split(".") if rel else []
+        for i in range(len(parts) + 1):
+            path = ".".join(p for p in (base, ".".join(parts[i:])) if p)
             module = self.modules.get(path)
-            if module is not None and type(module).__name__ == entry["class"]:
+            if module is not None and type(module).__name__ == cls:
                 return path
         return ".".join(p for p in (base, rel) if p)
 
-    def absolute(self, stack: tuple[str, ...], hierarchy: Hierarchy) -> tuple[str, ...]:
-        key = (stack, hierarchy)
+    def absolute(self, stack: tuple[str, ...], *parts: Hierarchy) -> Labels:
+        """Labels from the model root: the running module stack, then each part rebased."""
+        key = (stack, parts)
         result = self._memo.get(key)
-        if result is None:
-            entries: list[CallHierarchyEntry] = [
-                _module_entry(p, self.modules[p]) for p in stack
-            ]
-            base = stack[-1] if stack else ""
+        if result is not None:
+            return result
+        out = [self.root_label]
+        parent = ""
+        for path in stack:
+            out.append(module_label(path, parent, type(self.modules[path]).__name__))
+            parent = path
+        previous_class: str | None = None
+        for hierarchy in parts:
+            # paths of one part are relative to the module running it: the innermost module so far
+            base = parent
+            hierarchy = _below_call_site(hierarchy, previous_class)
             for entry in hierarchy:
-                if isinstance(entry, ModuleCallEntry):
+                if is_module_entry(entry):
+                    cls = str(_field(entry, "class_name", "class") or "?")
+                    own = _field(entry, "path") or ""
+                    module = self.modules.get(own)
+                    if (previous_class is not None and own and module is not None
+                            and type(module).__name__ == cls and (parent == own or parent.startswith(own + "."))):
+                        continue  # a body naming a module its call site is already inside
                     path = self._rebase(base, entry)
-                    if path == base:
+                    previous_class = cls
+                    if path == parent or path == base:
                         continue  # the running module itself: the root, or already on the stack
-                    entries.append(
-                        ModuleCallEntry(entry["attr"], path, entry["class"], entry["class_qualname"], entry.count)  # type: ignore[arg-type]
-                    )
+                    out.append(module_label(path, parent, cls, int(_field(entry, "count") or 0)))
+                    parent = path
                 else:
-                    # a function, or frames a shared resume function cannot name (kept as such)
-                    assert isinstance(entry, (FunctionCallEntry, UnknownFramesEntry))
-                    entries.append(entry)
-            result = (self.root_label, *labels(entries))
-            self._memo[key] = result
+                    out.append(entry_label(entry, parent))
+        result = tuple(out)
+        self._memo[key] = result
         return result
 
 
-class Recorder:
-    """Collects graph runs while ``recording`` is on; one list of runs per iteration."""
+def _below_call_site(body: Hierarchy, site_class: str | None) -> Hierarchy:
+    """The part of an invoke_subgraph body's hierarchy below its call site's module.
 
-    def __init__(self, scopes: RuntimeScopes) -> None:
-        self.scopes = scopes
-        self.recording = False
-        self.iterations: list[list[GraphRun]] = []
-        self.graphs: list[TimedGraph] = []
-        self.num_dynamo_graphs = 0
-        self.unit = "op"  # what one event is: an ATen "op" or an Inductor "kernel"
-        self.timed = True  # False: events are counted, not timed (Inductor)
+    A body records either hierarchies relative to the region (nothing to drop) or, as
+    traced for its first caller, the whole path down to that caller's module (``model >
+    layers.0 > ...``): that prefix names one caller only, so it is dropped, up to the last
+    module entry of the call site's class.
+    """
+    if site_class is None:
+        return body
+    last = -1
+    for i, entry in enumerate(body):
+        if is_module_entry(entry) and str(_field(entry, "class_name", "class")) == site_class:
+            last = i
+    return body[last + 1:] if last >= 0 else body
 
-    def start_iteration(self) -> None:
-        self.iterations.append([])
+
+# --------------------------------------------------------------------------- compiled graphs
 
 
-class TimedGraph:
-    """Runs an ATen graph with an ``fx.Interpreter``, timing each op while recording."""
+@dataclasses.dataclass
+class Kernel:
+    """One kernel call of a compiled graph, in the order the graph calls them."""
 
-    def __init__(
-        self, recorder: Recorder, gm: fx.GraphModule, graph_id: int, kind: str, pending: list[tuple[str, ...]]
-    ) -> None:
-        self.recorder = recorder
-        self.gm = gm
-        self.graph_id = graph_id
-        self.kind = kind  # "inference", "forward" or "backward"
-        self.pending = pending
-        self.name = f"graph {graph_id} {kind}"
-        backward = kind == "backward"
-        key = "fwd_call_hierarchy" if backward else "call_hierarchy"
-        self.ops: dict[fx.Node, tuple[Hierarchy, str]] = {}
-        for node in gm.graph.nodes:
-            if node.op == "call_function":
-                name = op_name(node) + (" (bw)" if backward else "")
-                self.ops[node] = (tuple(node.meta.get(key, ())), name)
-        self.interpreter = _TimingInterpreter(gm, self)
-        self._run_ops: list[OpEvent] = []
-        self._stack: tuple[str, ...] = ()
-        recorder.graphs.append(self)
+    key: str  # the profiler event it appears as, normalized (see event_key)
+    name: str  # the name to show, e.g. "cpp_fused_add_mul_0" or "aten::mm"
+    hierarchy: Hierarchy  # common scope of its source nodes, relative to the graph (or body) it is in
+    sources: tuple[Hierarchy, ...] = ()  # the distinct source scopes when they differ (fusion)
+    # invoke_subgraph call sites (outermost first) when the kernel is in a body called from them:
+    # its scope is call site(s) + body hierarchy
+    sites: tuple[Hierarchy, ...] = ()
 
-    # AOTAutograd passes the inputs as one list (which we free); some of its
-    # wrappers (torch._dynamo.disable around a lazily compiled backward) hide
-    # this attribute and call with the inputs unpacked.  Graph inputs are never lists.
-    _boxed_call = True
+
+@dataclasses.dataclass
+class CompiledGraph:
+    index: int
+    dynamo_graph: int
+    kind: str  # "forward", "backward" or "inference"
+    backend: str
+    # every kernel call of one run, in run order (invoke_subgraph bodies expanded per call)
+    kernels: list[Kernel] = dataclasses.field(default_factory=list)
 
     @property
-    def num_ops(self) -> int:
-        return len(self.ops)
+    def label(self) -> str:
+        return f"{RANGE_PREFIX}graph {self.index} {self.kind} ##"
 
-    def __call__(self, *call_args: Any) -> Any:
-        if len(call_args) == 1 and isinstance(call_args[0], list):
-            args = tuple(call_args[0])
-            call_args[0].clear()
-        else:
-            args = call_args
-        if self.kind == "backward":
-            stack = self.pending.pop() if self.pending else ()
-        else:
-            stack = self.recorder.scopes.module_stack()
-            if self.kind == "forward":
-                self.pending.append(stack)
-        self._stack = stack
-        recording = self.recorder.recording
-        self._run_ops = []
-        start = time.perf_counter_ns()
-        result = self.interpreter.run(*args) if recording else self.gm(*args)
-        end = time.perf_counter_ns()
-        if recording:
-            self.recorder.iterations[-1].append(GraphRun(self.name, start, end, self._run_ops))
-        return result
-
-    def record(self, node: fx.Node, start_ns: int, end_ns: int) -> None:
-        hierarchy, name = self.ops[node]
-        scope = self.recorder.scopes.absolute(self._stack, hierarchy)
-        self._run_ops.append(OpEvent(scope, name, self.kind == "backward", start_ns, end_ns))
+    @property
+    def backward(self) -> bool:
+        return self.kind == "backward"
 
 
-class _TimingInterpreter(fx.Interpreter):
-    def __init__(self, gm: fx.GraphModule, owner: TimedGraph) -> None:
-        super().__init__(gm, garbage_collect_values=True)
-        self.owner = owner
-
-    def run_node(self, n: fx.Node) -> Any:
-        if n.op != "call_function":
-            return super().run_node(n)
-        start = time.perf_counter_ns()
-        result = super().run_node(n)
-        end = time.perf_counter_ns()
-        self.owner.record(n, start, end)
-        return result
+_GRAPH_PREFIX = re.compile(r"^graph_\d+_")
 
 
-def aot_eager_backend(recorder: Recorder) -> Callable[..., Any]:
-    """A Dynamo backend: AOTAutograd with timed ATen forward/backward/inference graphs."""
-    from torch._dynamo.backends.common import aot_autograd
+def event_key(name: str) -> str:
+    """Normalize a profiler event name: Inductor's CPU kernel profiling prefixes ``graph_N_``."""
+    return _GRAPH_PREFIX.sub("", name)
 
-    def backend(gm: fx.GraphModule, example_inputs: list[Any]) -> Any:
-        graph_id = recorder.num_dynamo_graphs
-        recorder.num_dynamo_graphs += 1
-        pending: list[tuple[str, ...]] = []
 
-        def compiler(kind: str) -> Callable[[fx.GraphModule, list[Any]], TimedGraph]:
-            return lambda aten_gm, _inputs: TimedGraph(recorder, aten_gm, graph_id, kind, pending)
+def kernel_key(name: str) -> str:
+    """The profiler event name of a kernel named as in Inductor's generated wrapper."""
+    if name.startswith("extern_kernels."):
+        return "aten::" + name[len("extern_kernels."):]
+    if name.startswith("torch.ops."):
+        parts = name[len("torch.ops."):].split(".")
+        if len(parts) >= 2:
+            return f"{parts[0]}::{parts[1]}"
+    return name
 
-        return aot_autograd(
-            fw_compiler=compiler("forward"),
-            bw_compiler=compiler("backward"),
-            inference_compiler=compiler("inference"),
-        )(gm, example_inputs)
 
-    return backend
+def aten_key(target: Any) -> str | None:
+    if isinstance(target, torch._ops.OpOverload):
+        return f"{target.namespace}::{target._opname}"
+    return None
+
+
+def _node_hierarchy(node: fx.Node, backward: bool) -> Hierarchy | None:
+    meta = node.meta
+    if backward and meta.get("fwd_call_hierarchy") is not None:
+        return tuple(meta["fwd_call_hierarchy"])
+    if meta.get("call_hierarchy") is not None:
+        return tuple(meta["call_hierarchy"])
+    return None
+
+
+def _is_invoke_subgraph(node: fx.Node) -> bool:
+    return node.op == "call_function" and "invoke_subgraph" in str(node.target)
+
+
+def _body_name(node: fx.Node) -> str | None:
+    body = node.args[0] if node.args else None
+    return str(body.target) if isinstance(body, fx.Node) and body.op == "get_attr" else None
+
+
+def _call_sites(gm: fx.GraphModule, backward: bool) -> dict[str, list[Hierarchy]]:
+    """invoke_subgraph body name -> the call sites' hierarchies, in graph order."""
+    sites: dict[str, list[Hierarchy]] = {}
+    for node in gm.graph.nodes:
+        name = _body_name(node) if _is_invoke_subgraph(node) else None
+        if name is not None:
+            sites.setdefault(name, []).append(_node_hierarchy(node, backward) or ())
+    return sites
+
+
+def _make_kernel(name: str, nodes: Sequence[fx.Node], backward: bool) -> Kernel:
+    hierarchies = [h for h in (_node_hierarchy(n, backward) for n in nodes) if h is not None]
+    distinct: list[Hierarchy] = []
+    for h in hierarchies:
+        if h not in distinct:
+            distinct.append(h)
+    common = common_prefix(distinct)
+    return Kernel(kernel_key(name), name if name.startswith("aten::") else kernel_key(name), common,
+                  tuple(distinct) if len(distinct) > 1 else ())
+
+
+_DEF = re.compile(r"^(\s*)def (\w+)\(")
+_HANDLE = re.compile(r"# \[Provenance debug handles\] (\S+):(\d+)\s*$")
+
+
+def wrapper_calls(source: str, functions: Iterable[str]) -> dict[str, list[tuple[str, str]]]:
+    """Per function of Inductor's generated wrapper, its kernel calls and body calls in order.
+
+    Items: ``("kernel", "<name>:<handle>")`` from the provenance comment Inductor writes
+    before each kernel call, ``("body", "<function>")`` for a call of an invoke_subgraph body.
+    Functions that are not bodies are pooled under ``""`` (the graph's ``call``).
+    """
+    bodies = set(functions)
+    call_of = re.compile(r"\b(" + "|".join(re.escape(b) for b in sorted(bodies)) + r")\(") if bodies else None
+    out: dict[str, list[tuple[str, str]]] = {"": []}
+    current = ""
+    indent = -1
+    for line in source.splitlines():
+        m = _DEF.match(line)
+        if m:
+            if len(m.group(1)) <= indent or indent < 0 or current == "":
+                name = m.group(2)
+                current, indent = (name, len(m.group(1))) if name in bodies else ("", -1)
+                out.setdefault(current, [])
+            continue
+        if current and line.strip() and len(line) - len(line.lstrip()) <= indent:
+            current, indent = "", -1
+        h = _HANDLE.search(line)
+        if h:
+            out[current].append(("kernel", f"{h.group(1)}:{h.group(2)}"))
+        elif call_of is not None and not line.lstrip().startswith("#"):
+            c = call_of.search(line)
+            if c:
+                out[current].append(("body", c.group(1)))
+    return out
+
+
+def inductor_kernels(graph: CompiledGraph, gm: fx.GraphModule, provenance: dict[str, list[str]],
+                     source: str | None) -> None:
+    """Fill ``graph.kernels`` from Inductor's kernel -> post-grad node provenance, in call order."""
+    modules = {name: m for name, m in gm.named_modules() if isinstance(m, fx.GraphModule)}
+    tables = {name: {n.name: n for n in m.graph.nodes} for name, m in modules.items()}
+    sites = {name: _call_sites(m, graph.backward) for name, m in modules.items()}
+    bodies = {b for s in sites.values() for b in s}
+
+    def kernel(key: str, table: dict[str, fx.Node]) -> Kernel:
+        kernel_name = key.rpartition(":")[0] or key
+        found = [table[o] for o in provenance.get(key, ()) if o in table]
+        # A fallback extern kernel also lists the nodes that computed its inputs: keep the
+        # node whose op it runs.
+        own = [n for n in found if f"torch.ops.{n.target}" == kernel_name]
+        return _make_kernel(kernel_name, own or found, graph.backward)
+
+    if source is None or not bodies:
+        def handle(key: str) -> int:
+            tail = key.rpartition(":")[2]
+            return int(tail) if tail.isdigit() else 0
+
+        graph.kernels = [kernel(k, tables[""]) for k in sorted(provenance, key=handle)]
+        return
+    calls = wrapper_calls(source, bodies)
+    counts: dict[str, int] = {}
+
+    def expand(function: str, module: str, site_prefix: tuple[Hierarchy, ...], depth: int) -> None:
+        table = tables.get(module, tables[""])
+        for what, name in calls.get(function, []):
+            if what == "kernel":
+                k = kernel(name, table)
+                k.sites = site_prefix
+                graph.kernels.append(k)
+            elif depth < 8:
+                owner = next((m for m, s in sites.items() if name in s), "")
+                call = counts.get(name, 0)
+                counts[name] = call + 1
+                owner_sites = sites.get(owner, {}).get(name, [])
+                site = owner_sites[call % len(owner_sites)] if owner_sites else ()
+                body_module = f"{owner}.{name}" if owner else name
+                expand(name, body_module, site_prefix + (site,), depth + 1)
+
+    expand("", "", (), 0)
+
+
+def aten_graph_kernels(graph: CompiledGraph, gm: fx.GraphModule) -> None:
+    """Fill ``graph.kernels`` with the ATen ops of an ``aot_eager`` graph, in run order."""
+
+    def expand(module: fx.GraphModule, site_prefix: tuple[Hierarchy, ...], depth: int) -> None:
+        for node in module.graph.nodes:
+            if node.op != "call_function":
+                continue
+            if _is_invoke_subgraph(node) and depth < 8:
+                body = getattr(module, _body_name(node) or "", None)
+                if isinstance(body, fx.GraphModule):
+                    site = _node_hierarchy(node, graph.backward) or ()
+                    expand(body, site_prefix + (site,), depth + 1)
+                continue
+            key = aten_key(node.target)
+            if key is not None:
+                k = _make_kernel(key, [node], graph.backward)
+                k.sites = site_prefix
+                graph.kernels.append(k)
+
+    expand(gm, (), 0)
+
+
+# --------------------------------------------------------------------------- the capture
+
+
+# Turned off only to measure what the ranges cost (scripts/profile_cost.py).
+ANNOTATE = True
+
+
+def _profiling() -> bool:
+    return ANNOTATE and bool(torch.autograd.profiler._is_profiler_enabled)
+
+
+class Capture:
+    """What was compiled while installed, and the runtime module stacks of Dynamo graph runs."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+        self.scopes = RuntimeScopes(model)
+        self.graphs: list[CompiledGraph] = []
+        self.num_dynamo_graphs = 0
+        self.stacks: list[tuple[str, ...]] = []
+        self._stack_ids: dict[tuple[str, ...], int] = {}
+
+    def stack_id(self, stack: tuple[str, ...]) -> int:
+        sid = self._stack_ids.get(stack)
+        if sid is None:
+            sid = self._stack_ids[stack] = len(self.stacks)
+            self.stacks.append(stack)
+        return sid
+
+    def new_graph(self, dynamo_graph: int, kind: str, backend: str) -> CompiledGraph:
+        graph = CompiledGraph(len(self.graphs), dynamo_graph, kind, backend)
+        self.graphs.append(graph)
+        return graph
+
+    def wrap_dynamo_graph(self, compiled: Callable[..., Any], dynamo_graph: int) -> Callable[..., Any]:
+        """Each run of a Dynamo graph, while profiling, inside a range naming its module stack."""
+        scopes = self.scopes
+        record = torch._C._profiler._RecordFunctionFast
+
+        def run(*args: Any) -> Any:
+            if not _profiling():
+                return compiled(*args)
+            sid = self.stack_id(scopes.module_stack())
+            with record(f"{RANGE_PREFIX}dynamo graph {dynamo_graph} @ {sid} ##"):
+                return compiled(*args)
+
+        run.__wrapped__ = compiled  # type: ignore[attr-defined]
+        return run
+
+    # ---- Inductor
+
+    def inductor_backend(self) -> Callable[..., Any]:
+        """A Dynamo backend: Inductor's ``compile_fx`` with our ``inner_compile`` hook."""
+        from torch._inductor.compile_fx import compile_fx
+
+        def backend(gm: fx.GraphModule, example_inputs: list[Any], **kwargs: Any) -> Any:
+            return self._compile_inductor(compile_fx, gm, example_inputs, **kwargs)
+
+        return backend
+
+    def _compile_inductor(self, compile_fx: Callable[..., Any], gm: fx.GraphModule,
+                          example_inputs: Any, **kwargs: Any) -> Any:
+        dynamo_graph = self.num_dynamo_graphs
+        self.num_dynamo_graphs += 1
+        kwargs["inner_compile"] = self._inner_compile(dynamo_graph, kwargs.get("inner_compile"))
+        return self.wrap_dynamo_graph(compile_fx(gm, example_inputs, **kwargs), dynamo_graph)
+
+    def _inner_compile(self, dynamo_graph: int, inner: Callable[..., Any] | None) -> Callable[..., Any]:
+        import torch._inductor.debug as inductor_debug
+        from torch._inductor.compile_fx import compile_fx_inner
+
+        inner = inner or compile_fx_inner
+
+        def inner_compile(gm: fx.GraphModule, example_inputs: Any, **kwargs: Any) -> Any:
+            before = set(inductor_debug._inductor_triton_kernel_to_post_grad_node_info)
+            compiled = inner(gm, example_inputs, **kwargs)
+            info = inductor_debug._inductor_triton_kernel_to_post_grad_node_info
+            provenance = {k: list(v) for k, v in info.items() if k not in before}
+            kind = "backward" if kwargs.get("is_backward") else (
+                "inference" if kwargs.get("is_inference") else "forward")
+            graph = self.new_graph(dynamo_graph, kind, "inductor")
+            inductor_kernels(graph, gm, provenance, getattr(compiled, "source_code", None))
+            self._label_calls(compiled, graph)
+            return compiled
+
+        inner_compile._call_hierarchy_capture = True  # type: ignore[attr-defined]
+        return inner_compile
+
+    def _label_calls(self, compiled: Any, graph: CompiledGraph) -> None:
+        """Name each call of the compiled graph with a range (the generated code is unchanged)."""
+        current = getattr(compiled, "current_callable", None)
+        if current is None:
+            return
+        label = graph.label
+        record = torch._C._profiler._RecordFunctionFast
+
+        def call(inputs: Any) -> Any:
+            if not _profiling():
+                return current(inputs)
+            with record(label):
+                return current(inputs)
+
+        compiled.current_callable = call
+
+    # ---- aot_eager
+
+    def aot_eager_backend(self) -> Callable[..., Any]:
+        """A Dynamo backend: ``aot_eager`` (AOTAutograd, ATen graphs run as they are)."""
+        from torch._dynamo.backends.common import aot_autograd
+        from torch._functorch.aot_autograd import make_boxed_func
+
+        def backend(gm: fx.GraphModule, example_inputs: list[Any]) -> Any:
+            dynamo_graph = self.num_dynamo_graphs
+            self.num_dynamo_graphs += 1
+
+            def compiler(kind: str) -> Callable[[fx.GraphModule, Any], Any]:
+                def compile_graph(aten_gm: fx.GraphModule, _inputs: Any) -> Any:
+                    graph = self.new_graph(dynamo_graph, kind, "aot_eager")
+                    aten_graph_kernels(graph, aten_gm)
+                    label = graph.label
+                    record = torch._C._profiler._RecordFunctionFast
+                    forward = aten_gm.forward
+
+                    def run(*args: Any) -> Any:
+                        if not _profiling():
+                            return forward(*args)
+                        with record(label):
+                            return forward(*args)
+
+                    return make_boxed_func(run)
+
+                return compile_graph
+
+            compiled = aot_autograd(
+                fw_compiler=compiler("forward"),
+                bw_compiler=compiler("backward"),
+                inference_compiler=compiler("inference"),
+                keep_inference_input_mutations=True,
+            )(gm, example_inputs)
+            return self.wrap_dynamo_graph(compiled, dynamo_graph)
+
+        return backend

@@ -1,21 +1,24 @@
-"""Command line: profile a model by its call hierarchy (RFC-0051)."""
+"""Command line: profile a compiled model by its call hierarchy (RFC-0051) with torch.profiler."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 from pathlib import Path
+from typing import Any, TextIO
+
+import torch
 
 from . import models
-from .output import write_flamegraph, write_folded, write_trace
-from .session import BACKENDS, Options, run
-from .tree import build_tree, format_tree
+from .api import BACKENDS, CallHierarchyProfiler, ProfileError, check_out
 
 DESCRIPTION = """\
-Compile a model with torch._dynamo.config.record_call_hierarchy on, run it, and
-show where its ops (and, with --profile, their time) sit in the model's
-module/function call hierarchy.  Writes a Chrome trace (open it in
-https://ui.perfetto.dev), folded stacks and an SVG flame graph to --out."""
+Compile a model with torch._dynamo.config.record_call_hierarchy on, run it under
+torch.profiler, and attribute every kernel of the compiled code (Inductor's generated
+kernels, extern kernels and fallbacks; aot_eager's ATen ops) to the model's
+module/function call hierarchy.  Prints self/total time per scope and the share of
+compiled-region kernel time attributed; writes the profiler's own Chrome trace annotated
+with the scopes (open it in https://ui.perfetto.dev), folded stacks and a flame graph."""
 
 
 def parser() -> argparse.ArgumentParser:
@@ -25,78 +28,118 @@ def parser() -> argparse.ArgumentParser:
         help=f"built-in model ({models.describe_builtins()}; default %(default)s) "
         "or 'module:factory' returning a Workload or (module, args[, kwargs])",
     )
-    p.add_argument("--backend", choices=BACKENDS, default="aot_eager",
-                   help="aot_eager: every ATen op timed; inductor: CPU kernels attributed to the "
-                   "common scope of their origin nodes (default %(default)s)")
+    p.add_argument("--backend", choices=BACKENDS, default="inductor",
+                   help="inductor: torch.compile's default backend, its generated kernels timed; "
+                   "aot_eager: the ATen graphs' ops timed (default %(default)s)")
     p.add_argument("--train", action="store_true",
-                   help="forward + backward; backward ops appear under their forward origin, marked (bw)")
-    p.add_argument("--profile", action="store_true", help="time warm-up + measured iterations; show times")
+                   help="forward + backward; backward kernels appear under their forward origin, marked (bw)")
+    p.add_argument("--profile", action="store_true",
+                   help="time --warmup + --iters iterations (without it: 1 warm-up, 1 profiled iteration)")
     p.add_argument("--warmup", type=int, default=3, help="warm-up iterations with --profile (default %(default)s)")
-    p.add_argument("--iters", type=int, default=10, help="measured iterations with --profile (default %(default)s)")
+    p.add_argument("--iters", type=int, default=10, help="measured iterations (default %(default)s with --profile)")
     p.add_argument("--fullgraph", action="store_true", help="compile with fullgraph=True (no graph breaks)")
-    p.add_argument("--depth", type=int, default=None, help="print the tree down to this depth")
+    p.add_argument("--depth", type=int, default=None, help="print the tree down to this depth (at least 1)")
     p.add_argument("--out", type=Path, default=Path("build/profile_hierarchy"),
                    help="output directory (default %(default)s)")
     return p
 
 
+def _progress(phase: str, done: int, total: int, stream: TextIO = sys.stderr) -> None:
+    bar = "#" * (20 * done // max(total, 1))
+    stream.write(f"\r{phase:<9} [{bar:<20}] {done}/{total}")
+    if done == total:
+        stream.write("\n")
+    stream.flush()
+
+
+def validate(args: argparse.Namespace) -> str | None:
+    if args.iters < 1:
+        return f"--iters must be at least 1 (got {args.iters})"
+    if args.warmup < 1:
+        return f"--warmup must be at least 1: the first iteration compiles (got {args.warmup})"
+    if args.depth is not None and args.depth < 1:
+        return f"--depth must be at least 1 (got {args.depth})"
+    try:
+        check_out(args.out)
+    except ProfileError as e:
+        return str(e)
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    problem = validate(args)
+    if problem is not None:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     try:
         workload = models.build(args.model)
     except models.ModelError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    if args.profile and args.backend == "inductor":
-        print("error: --profile needs --backend aot_eager (Inductor kernels are attributed, not timed)",
-              file=sys.stderr)
-        return 2
-    options = Options(
-        backend=args.backend,
-        train=args.train,
-        warmup=args.warmup if args.profile else 1,
-        iters=args.iters if args.profile else 1,
-        fullgraph=args.fullgraph,
-    )
+    warmup = args.warmup if args.profile else 1
+    iters = args.iters if args.profile else 1
+    model = workload.model
+    model.train(args.train)
+    mode = "train (forward + backward)" if args.train else "inference (no_grad)"
+    torch._dynamo.reset()
+    hp = CallHierarchyProfiler(model)
+
+    def iteration(compiled: Any) -> None:
+        if args.train:
+            model.zero_grad(set_to_none=True)
+            output = compiled(*workload.args, **workload.kwargs)
+            workload.loss_of(output).backward()
+        else:
+            with torch.no_grad():
+                compiled(*workload.args, **workload.kwargs)
+
+    title = f"{args.model} / {args.backend} / {mode}"
     try:
-        result = run(workload, options, show_progress=args.profile)
-    except ValueError as e:
+        with hp:
+            if args.backend == "inductor":
+                compiled = torch.compile(model, fullgraph=args.fullgraph)  # the default backend
+            else:
+                compiled = torch.compile(model, backend=hp.backend(args.backend), fullgraph=args.fullgraph)
+            for i in range(warmup):
+                iteration(compiled)
+                if args.profile:
+                    _progress("warm-up", i + 1, warmup)
+            with hp.profile(iterations=iters, title=title) as prof:
+                for i in range(iters):
+                    with torch.profiler.record_function(f"## call_hierarchy iteration {i} ##"):
+                        iteration(compiled)
+                    prof.step()
+                    if args.profile:
+                        _progress("measure", i + 1, iters)
+    except (models.ModelError, ProfileError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    runs = result.iterations[-1]
-    root = build_tree(result.iterations)
-    mode = "train (forward + backward)" if args.train else "inference (no_grad)"
-    graphs = result.recorder.graphs
-    print(f"model {args.model} ({type(workload.model).__name__}), backend {args.backend}, {mode}")
-    print(f"{result.recorder.num_dynamo_graphs} Dynamo graph(s) -> {len(graphs)} compiled graph(s), "
-          f"{len(runs)} graph run(s) and {root.total_count} {result.recorder.unit}s per iteration")
-    if args.profile:
-        print(f"times: mean of {options.iters} measured iterations after {options.warmup} warm-up")
-    print()
-    print(format_tree(root, timed=args.profile, max_depth=args.depth, unit=result.recorder.unit))
-    print()
+    result = hp.result
+    assert result is not None
 
-    out: Path = args.out
-    out.mkdir(parents=True, exist_ok=True)
-    trace = out / "trace.json"
-    folded = out / "hierarchy.folded"
-    svg = out / "flamegraph.svg"
-    written = []
-    if result.recorder.timed:
-        write_trace(trace, runs, {"model": args.model, "backend": args.backend, "mode": mode})
-        written.append(trace)
-    write_folded(folded, root)
-    written.append(folded)
-    if args.profile:
-        folded_time = out / "hierarchy_us.folded"
-        write_folded(folded_time, root, timed=True)
-        written.append(folded_time)
-    weight = "time" if args.profile else f"{result.recorder.unit} count"
-    write_flamegraph(svg, root, timed=args.profile, title=f"{args.model} / {args.backend} / {mode} ({weight})")
-    written.append(svg)
+    print(f"model {args.model} ({type(model).__name__}), backend {args.backend}, {mode}")
+    print(f"{result.num_dynamo_graphs} Dynamo graph(s) -> {result.num_compiled_graphs} compiled graph(s), "
+          f"{result.report.graph_calls // iters} compiled-graph call(s) and "
+          f"{round(result.root.total_count)} kernel call(s) per iteration")
+    print(f"times: torch.profiler self/total time per scope, mean of {iters} measured iteration(s) "
+          f"after {warmup} warm-up")
+    for frame in result.eager_frames:
+        print(f"warning: Dynamo: {frame}; their ops are not in the tree "
+              f"(eager ATen self time outside compiled regions: "
+              f"{result.report.eager_self_us / 1000.0 / iters:.3f} ms per iteration)")
+    print()
+    print(result.format_tree(max_depth=args.depth))
+    print()
+    print(result.summary())
+    print()
+    try:
+        written = result.save(args.out)
+    except (OSError, ProfileError) as e:
+        print(f"error: cannot write to {args.out}: {e}", file=sys.stderr)
+        return 2
     print("wrote:")
     for path in written:
         print(f"  {path}")
-    if result.recorder.timed:
-        print("open the trace in https://ui.perfetto.dev (or chrome://tracing), the SVG in a browser")
+    print("open the trace in https://ui.perfetto.dev (or chrome://tracing), the SVG in a browser")
     return 0

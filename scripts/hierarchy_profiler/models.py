@@ -38,39 +38,40 @@ class Workload:
 def _default_loss(output: Any) -> torch.Tensor:
     """Sum of the floating-point tensors found in the output (first level of tuples/dicts)."""
     if isinstance(output, torch.Tensor):
-        return output.float().pow(2).mean()
+        output = (output,)
     if hasattr(output, "to_tuple"):  # transformers ModelOutput
         output = output.to_tuple()
     values = output.values() if isinstance(output, dict) else output
     tensors = [v for v in values if isinstance(v, torch.Tensor) and v.is_floating_point()]
     if not tensors:
-        raise ModelError("cannot build a loss: the model output holds no floating-point tensor")
+        raise ModelError("--train needs a loss: the model's output holds no floating-point tensor "
+                         f"(got {type(output).__name__}); return one, or give the Workload a loss")
     return sum(t.float().pow(2).mean() for t in tensors)  # type: ignore[return-value]
 
 
 # --------------------------------------------------------------------------- Qwen2
 
 
-def tiny_qwen2_config() -> Any:
+def tiny_qwen2_config(layers: int = 2) -> Any:
     import transformers
 
     return transformers.Qwen2Config(
         vocab_size=128,
         hidden_size=64,
         intermediate_size=128,
-        num_hidden_layers=2,
+        num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=64,
     )
 
 
-def qwen2(seed: int = 0, seq_len: int = 16) -> Workload:
+def qwen2(seed: int = 0, seq_len: int = 16, layers: int = 2) -> Workload:
     """Tiny Hugging Face Qwen2ForCausalLM with random weights (no download)."""
     import transformers
 
     torch.manual_seed(seed)
-    model = transformers.Qwen2ForCausalLM(tiny_qwen2_config())
+    model = transformers.Qwen2ForCausalLM(tiny_qwen2_config(layers))
     input_ids = torch.randint(0, 128, (1, seq_len))
     return Workload(
         model,
@@ -90,6 +91,33 @@ def qwen2_graph_break(seed: int = 0) -> Workload:
     for layer in workload.model.model.layers:
         layer.mlp.register_forward_pre_hook(_graph_break_hook)
     return workload
+
+
+def qwen2_regional(seed: int = 0) -> Workload:
+    """Tiny Qwen2 with regional compilation: ``torch.compiler.nested_compile_region`` on each decoder layer."""
+    import types
+
+    workload = qwen2(seed)
+    layers = workload.model.model.layers
+    forward = torch.compiler.nested_compile_region(type(layers[0]).forward)
+    for layer in layers:
+        layer.forward = types.MethodType(forward, layer)
+    return workload
+
+
+def _no_float_output() -> Workload:
+    """A model whose output holds no floating-point tensor (for the --train error)."""
+    torch.manual_seed(0)
+    return Workload(_ArgMax(), (torch.randn(4, 8),))
+
+
+class _ArgMax(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x).argmax(-1)
 
 
 # --------------------------------------------------------------------------- synthetic
@@ -155,6 +183,7 @@ def nested_graph_break(seed: int = 0) -> Workload:
 BUILTIN: dict[str, Callable[[], Workload]] = {
     "qwen2": qwen2,
     "qwen2-graph-break": qwen2_graph_break,
+    "qwen2-regional": qwen2_regional,
     "nested": nested,
     "nested-graph-break": nested_graph_break,
 }

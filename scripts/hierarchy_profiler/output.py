@@ -1,91 +1,25 @@
-"""Writers: Chrome trace JSON (Perfetto), folded stacks and an SVG flame graph."""
+"""Writers: folded stacks and an SVG flame graph (the trace is the profiler's own, see annotate)."""
 
 from __future__ import annotations
 
 import hashlib
-import json
-from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 from xml.sax.saxutils import escape
 
-from .capture import GraphRun
 from .tree import Scope
-
-PID = 1
-TID = 1
-
-
-def _us(ns: int, base: int) -> float:
-    return round((ns - base) / 1000.0, 3)
-
-
-def _complete(name: str, cat: str, start: int, end: int, base: int, args: dict[str, Any]) -> dict[str, Any]:
-    ts = _us(start, base)
-    return {
-        "name": name, "cat": cat, "ph": "X", "pid": PID, "tid": TID,
-        "ts": ts, "dur": round(_us(end, base) - ts, 3), "args": args,
-    }
-
-
-def trace_events(runs: Sequence[GraphRun]) -> list[dict[str, Any]]:
-    """Graph runs as nested complete events: graph > model scopes > ops.
-
-    A scope's range spans the consecutive ops of one graph run under it, so the
-    ranges nest exactly like the hierarchy.
-    """
-    if not runs:
-        return []
-    base = runs[0].start_ns
-    events: list[dict[str, Any]] = [
-        {"name": "process_name", "ph": "M", "pid": PID, "args": {"name": "call_hierarchy profile"}},
-        {"name": "thread_name", "ph": "M", "pid": PID, "tid": TID, "args": {"name": "compiled graphs"}},
-    ]
-    for run in runs:
-        events.append(_complete(run.name, "graph", run.start_ns, run.end_ns, base, {}))
-        open_scopes: list[list[Any]] = []  # [label, start_ns, end_ns]
-        backward = run.name.endswith("backward")
-        cat = "scope.backward" if backward else "scope"
-
-        def close(keep: int) -> None:
-            while len(open_scopes) > keep:
-                depth = len(open_scopes)
-                label, start, end = open_scopes.pop()
-                path = [s[0] for s in open_scopes] + [label]
-                events.append(_complete(label, cat, start, end, base, {"scope": path, "depth": depth}))
-
-        for op in run.ops:
-            keep = 0
-            while keep < min(len(open_scopes), len(op.scope)) and open_scopes[keep][0] == op.scope[keep]:
-                keep += 1
-            close(keep)
-            for label in op.scope[keep:]:
-                open_scopes.append([label, op.start_ns, op.end_ns])
-            for scope in open_scopes:
-                scope[2] = op.end_ns
-            events.append(_complete(op.op, "op.backward" if op.backward else "op", op.start_ns, op.end_ns, base,
-                                    {"scope": list(op.scope)}))
-        close(0)
-    return events
-
-
-def write_trace(path: Path, runs: Sequence[GraphRun], metadata: dict[str, Any]) -> None:
-    doc = {"traceEvents": trace_events(runs), "displayTimeUnit": "ms", "otherData": metadata}
-    path.write_text(json.dumps(doc) + "\n")
-
 
 def _frame(label: str) -> str:
     return label.replace(";", ":")
 
 
 def folded_lines(root: Scope, timed: bool) -> list[str]:
-    """``scope;scope;op weight`` lines; weight = op count per iteration, or microseconds."""
+    """``scope;scope;kernel weight`` lines; weight = calls per iteration, or mean microseconds."""
     lines: list[str] = []
 
     def visit(node: Scope, prefix: str) -> None:
         stack = f"{prefix};{_frame(node.label)}" if prefix else _frame(node.label)
         for op, (count, ns) in node.ops.items():
-            weight = max(1, round(ns / 1000)) if timed else int(count)
+            weight = max(1, round(ns / 1000)) if timed else max(1, round(count))
             lines.append(f"{stack};{_frame(op)} {weight}")
         for child in node.children.values():
             visit(child, stack)
@@ -114,7 +48,7 @@ def _color(label: str) -> str:
 
 def write_flamegraph(path: Path, root: Scope, timed: bool, title: str) -> None:
     """An icicle-free classic flame graph: root at the bottom, ops as the top frames."""
-    unit = "ms" if timed else "ops"
+    unit = "ms" if timed else "calls"
 
     def weight_of(node: Scope) -> float:
         return node.total_ns / 1e6 if timed else float(node.total_count)

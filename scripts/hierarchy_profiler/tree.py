@@ -1,11 +1,11 @@
-"""The scope tree: op counts of one iteration and mean times over the measured ones."""
+"""The scope tree: kernel calls per iteration and mean profiler time per iteration."""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator, Sequence
 
-from .capture import GraphRun
+from .annotate import Sample
 
 
 @dataclasses.dataclass
@@ -32,36 +32,32 @@ class Scope:
             yield from child.walk(depth + 1)
 
 
-def build_tree(iterations: Sequence[Sequence[GraphRun]]) -> Scope:
-    """Counts from the first iteration (all iterations run the same ops); times are means."""
-    if not iterations:
-        raise ValueError("no recorded iteration")
-    root: Scope | None = None
+def build_tree(samples: Sequence[Sample], iterations: int, root_label: str) -> Scope:
+    """Kernel calls per scope: counts per iteration and mean time per iteration (ns)."""
+    if iterations < 1:
+        raise ValueError("no measured iteration")
+    root = Scope(root_label)
     order = 0
-    n = len(iterations)
-    for i, runs in enumerate(iterations):
-        for run in runs:
-            for op in run.ops:
-                if root is None:
-                    root = Scope(op.scope[0])
-                node = root
-                for label in op.scope[1:]:
-                    order += 1
-                    node = node.child(label, order)
-                stat = node.ops.setdefault(op.op, [0, 0])
-                if i == 0:
-                    stat[0] += 1
-                stat[1] += op.end_ns - op.start_ns
-    if root is None:
-        raise ValueError("the compiled graphs ran no op")
-    _sum(root, n)
+    for sample in samples:
+        scope = sample.attribution.scope
+        node = root
+        for label in scope[1:] if scope and scope[0] == root_label else scope:
+            order += 1
+            node = node.child(label, order)
+        stat = node.ops.setdefault(sample.attribution.kernel, [0, 0])
+        stat[0] += 1
+        stat[1] += sample.self_us * 1000.0
+    if not samples:
+        raise ValueError("the compiled graphs ran no kernel or op in the profiled iterations")
+    _sum(root, iterations)
     return root
 
 
 def _sum(node: Scope, iterations: int) -> None:
     for stat in node.ops.values():
+        stat[0] /= iterations
         stat[1] /= iterations
-    node.self_count = int(sum(count for count, _ in node.ops.values()))
+    node.self_count = round(sum(count for count, _ in node.ops.values()))
     node.self_ns = sum(ns for _, ns in node.ops.values())
     node.total_count = node.self_count
     node.total_ns = node.self_ns

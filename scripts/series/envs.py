@@ -97,8 +97,15 @@ def setup(layout: Layout, venv: Path | None = None, through: str | None = None, 
                           "pass another --venv")
     req = layout.root / "requirements.txt"
     stamp = venv / ".workbench-requirements"
+    # Pinned packages whose declared dependencies are not needed: installed with --no-deps after
+    # requirements.txt (HolisticTraceAnalysis declares jupyterlab; loading a trace needs none of it).
+    nodeps = layout.root / "requirements-nodeps.txt"
+    nodeps_args: list[str] = []
     if version == DEFAULT_PYTHON:
-        pip_args, want = ["-r", str(req)], hashlib.sha256(req.read_bytes()).hexdigest()
+        pip_args = ["-r", str(req)]
+        want = hashlib.sha256(req.read_bytes() + (nodeps.read_bytes() if nodeps.exists() else b"")).hexdigest()
+        if nodeps.exists():
+            nodeps_args = ["--no-deps", "-r", str(nodeps)]
     else:
         pins = pinned_requirements(req, UPSTREAM_TEST_REQUIREMENTS)
         pip_args, want = pins, hashlib.sha256("\n".join(pins).encode()).hexdigest()
@@ -106,8 +113,11 @@ def setup(layout: Layout, venv: Path | None = None, through: str | None = None, 
         with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as fh:
             fh.write(f"torch=={pinned}\n")
         try:
-            proc = subprocess.run([str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check",
-                                   *pip_args, "-c", fh.name])
+            pip = [str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+            proc = subprocess.run([*pip, *pip_args, "-c", fh.name])
+            if proc.returncode == 0 and nodeps_args:
+                pip_args = nodeps_args
+                proc = subprocess.run([*pip, *nodeps_args, "-c", fh.name])
         finally:
             os.unlink(fh.name)
         if proc.returncode != 0:

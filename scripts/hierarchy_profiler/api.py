@@ -1,0 +1,257 @@
+"""Profile your own ``torch.compile``'d model by call hierarchy, with ``torch.profiler``.
+
+Example (the CLI, :mod:`.cli`, is built on this)::
+
+    import torch
+    from scripts.hierarchy_profiler import CallHierarchyProfiler
+
+    model = MyModel()
+    hp = CallHierarchyProfiler(model)
+    with hp:                                  # flag, provenance tracking, kernel profiling
+        compiled = torch.compile(model)       # default backend (Inductor)
+        compiled(x)                           # warm-up: compiles inside `with hp`
+        with hp.profile() as prof:            # torch.profiler.profile; annotated on exit
+            for _ in range(3):
+                compiled(x)
+                prof.step()                   # one step per measured iteration
+    print(hp.result.format_tree())
+    print(hp.result.summary())                # "... attributed to a scope"
+    hp.result.save("out")                     # trace.json, folded stacks, flame graph
+
+While ``with hp`` is active: ``torch._dynamo.config.record_call_hierarchy`` is on,
+Inductor records kernel provenance (``trace.provenance_tracking_level = 1``) and profiles its
+CPU kernels (``cpp.enable_kernel_profile``), the FX-graph and AOTAutograd caches are off (a
+cache hit skips the codegen that provenance comes from), and every graph Inductor compiles
+for the default backend goes through :class:`~.capture.Capture`.  Compile inside it: graphs
+compiled before are not known (their events are reported as unattributed).  For the
+``aot_eager`` backend pass ``backend=hp.backend("aot_eager")`` to ``torch.compile``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import gc
+import json
+import os
+import tempfile
+import warnings
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from .annotate import Report, annotate
+from .capture import Capture, CompiledGraph
+from .tree import Scope, build_tree, format_tree
+
+BACKENDS = ("inductor", "aot_eager")
+OUTPUT_FILES = ("trace.json", "hierarchy.folded", "hierarchy_us.folded", "flamegraph.svg")
+
+
+class ProfileError(Exception):
+    """The profile cannot be made or read; the message says why."""
+
+
+@dataclasses.dataclass
+class ProfileResult:
+    root: Scope
+    report: Report
+    trace: dict[str, Any]
+    iterations: int
+    num_dynamo_graphs: int
+    num_compiled_graphs: int
+    eager_frames: list[str]
+    graphs: list[CompiledGraph] = dataclasses.field(default_factory=list)
+    title: str = "call hierarchy profile"
+
+    def format_tree(self, max_depth: int | None = None) -> str:
+        return format_tree(self.root, timed=True, max_depth=max_depth, unit="kernel")
+
+    def summary(self) -> str:
+        r = self.report
+        line = (f"attributed: {100.0 * r.share:.2f}% of compiled-region kernel self time to a scope "
+                f"({r.attributed_self_us / 1000.0 / self.iterations:.3f} of "
+                f"{r.compiled_self_us / 1000.0 / self.iterations:.3f} ms per iteration; "
+                f"{r.unattributed_events} unattributed kernel call(s) in {r.graph_calls} compiled-graph call(s))")
+        return line
+
+    def save(self, out: str | os.PathLike[str]) -> list[Path]:
+        """Write trace.json (the annotated profiler trace), folded stacks and the flame graph."""
+        from .output import write_flamegraph, write_folded
+
+        out = prepare_out(Path(out))
+        written = []
+        trace = out / "trace.json"
+        trace.write_text(json.dumps(self.trace))
+        written.append(trace)
+        folded = out / "hierarchy.folded"
+        write_folded(folded, self.root, timed=False)
+        written.append(folded)
+        folded_us = out / "hierarchy_us.folded"
+        write_folded(folded_us, self.root, timed=True)
+        written.append(folded_us)
+        svg = out / "flamegraph.svg"
+        write_flamegraph(svg, self.root, timed=True, title=self.title)
+        written.append(svg)
+        return written
+
+
+def check_out(out: Path) -> None:
+    """Refuse an output directory we cannot write, before any work is done."""
+    if out.exists() and not out.is_dir():
+        raise ProfileError(f"--out {out} exists and is not a directory")
+    probe = out
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir():
+        raise ProfileError(f"--out {out}: {probe} is not a directory")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise ProfileError(f"--out {out}: {probe} is not writable")
+
+
+def prepare_out(out: Path) -> Path:
+    """Create ``out``; remove this profiler's outputs of an earlier run so none is left mixed in."""
+    check_out(out)
+    out.mkdir(parents=True, exist_ok=True)
+    for name in OUTPUT_FILES:
+        (out / name).unlink(missing_ok=True)
+    return out
+
+
+def _dynamo_eager_frames(before: dict[str, int]) -> list[str]:
+    """Frames Dynamo gave up on (ran eagerly) since ``before``, with the reason it logged."""
+    from torch._dynamo.utils import counters
+
+    frames = counters["frames"]
+    skipped = (frames.get("total", 0) - before.get("total", 0)) - (frames.get("ok", 0) - before.get("ok", 0))
+    out = []
+    if skipped > 0:
+        reasons = [str(k) for k in counters.get("graph_break", {})]
+        reason = f" (graph breaks: {'; '.join(r.splitlines()[0] for r in reasons[:3])})" if reasons else ""
+        out.append(f"{skipped} frame(s) ran eagerly, not compiled{reason}")
+    return out
+
+
+class CallHierarchyProfiler:
+    """Turns on what attribution needs, captures compiled graphs, profiles and annotates."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+        self.capture = Capture(model)
+        self.result: ProfileResult | None = None
+        self._stack: contextlib.ExitStack | None = None
+        self._frames_before: dict[str, int] = {}
+
+    # ---- configuration and capture
+
+    def backend(self, name: str = "inductor") -> Callable[..., Any]:
+        """A Dynamo backend for ``torch.compile(backend=...)``: ``inductor`` or ``aot_eager``."""
+        if name == "inductor":
+            return self.capture.inductor_backend()
+        if name == "aot_eager":
+            return self.capture.aot_eager_backend()
+        raise ProfileError(f"unknown backend {name!r}: use one of {', '.join(BACKENDS)}")
+
+    def __enter__(self) -> CallHierarchyProfiler:
+        from torch._dynamo.utils import counters
+
+        stack = contextlib.ExitStack()
+        stack.enter_context(torch._dynamo.config.patch(record_call_hierarchy=True))
+        stack.enter_context(torch._inductor.config.patch({
+            "fx_graph_cache": False,
+            "trace.provenance_tracking_level": 1,
+            "cpp.enable_kernel_profile": True,
+        }))
+        stack.enter_context(torch._functorch.config.patch(enable_autograd_cache=False))
+        stack.enter_context(warnings.catch_warnings())
+        warnings.filterwarnings("ignore", message="Your compiler for AOTAutograd is returning a function")
+        stack.enter_context(self._default_backend())
+        self._frames_before = dict(counters["frames"])
+        self._stack = stack
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        assert self._stack is not None
+        self._stack.close()
+        self._stack = None
+
+    @contextlib.contextmanager
+    def _default_backend(self) -> Iterator[None]:
+        """Route the default backend's ``compile_fx`` (``torch.compile(model)``) through the capture."""
+        import torch._inductor.compile_fx as compile_fx_module
+
+        original = compile_fx_module.compile_fx
+        capture = self.capture
+
+        def compile_fx(model_: Any, example_inputs_: Any, **kwargs: Any) -> Any:
+            if getattr(kwargs.get("inner_compile"), "_call_hierarchy_capture", False):
+                return original(model_, example_inputs_, **kwargs)  # already ours (recursive call)
+            return capture._compile_inductor(original, model_, example_inputs_, **kwargs)
+
+        compile_fx_module.compile_fx = compile_fx  # type: ignore[assignment]
+        try:
+            yield
+        finally:
+            compile_fx_module.compile_fx = original  # type: ignore[assignment]
+
+    # ---- profiling
+
+    @contextlib.contextmanager
+    def profile(self, iterations: int | None = None, title: str | None = None,
+                **profile_kwargs: Any) -> Iterator[torch.profiler.profile]:
+        """``torch.profiler.profile(**profile_kwargs)``; its trace is annotated on exit.
+
+        Times are means over ``iterations`` (default: the number of ``prof.step()`` calls,
+        at least 1).  The result is in :attr:`result`.
+        """
+        profile_kwargs.setdefault("activities", _activities())
+        prof = torch.profiler.profile(**profile_kwargs)
+        with prof:
+            yield prof
+        steps = iterations if iterations is not None else max(1, prof.step_num)
+        self.result = self.annotate(prof, steps, title)
+
+    def annotate(self, prof: torch.profiler.profile, iterations: int, title: str | None = None) -> ProfileResult:
+        """Export ``prof``'s Chrome trace, attribute its events, build the tree."""
+        # Post-processing allocates many small objects: a process that just compiled a model
+        # holds millions of objects, which full collections would scan again and again.
+        enabled = gc.isenabled()
+        gc.disable()
+        try:
+            return self._annotate(prof, iterations, title)
+        finally:
+            if enabled:
+                gc.enable()
+
+    def _annotate(self, prof: torch.profiler.profile, iterations: int, title: str | None) -> ProfileResult:
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "trace.json"
+            prof.export_chrome_trace(str(path))
+            doc = json.loads(path.read_text())
+        report = annotate(doc, self.capture)
+        if not report.samples:
+            raise ProfileError("the compiled graphs ran no kernel or op in the profiled iterations "
+                               "(nothing to attribute)")
+        root = build_tree(report.samples, iterations, self.capture.scopes.root_label)
+        eager = _dynamo_eager_frames(self._frames_before)
+        doc["callHierarchy"] = {
+            "format": "args.call_hierarchy: scope labels from the model root, outermost first",
+            "measured_iterations": iterations,
+            "note": f"the trace holds the {iterations} measured iteration(s) after warm-up; "
+                    "the printed times are means over them",
+            "attributed_share": report.share,
+            "eager_frames": eager,
+        }
+        return ProfileResult(root, report, doc, iterations, self.capture.num_dynamo_graphs,
+                             len(self.capture.graphs), eager, list(self.capture.graphs),
+                             title or "call hierarchy profile")
+
+
+def _activities() -> list[torch.profiler.ProfilerActivity]:
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    return activities
