@@ -1095,11 +1095,7 @@ def graph_ops(compiled: Compiled, mode: str) -> dict[str, list[Op]]:
 # Where the series does not give the composed hierarchy yet (issue 11 items 1 and 2): strict, so
 # that each marker must go when its fix lands.
 _STEP_ROOT = "issue 11 item 1: the model argument of a compiled step function is taken as the root"
-_BODY = "issue 11 item 2: an invoke_subgraph body carries its first caller's absolute hierarchy"
-SHAPE_XFAIL = {
-    # and the backward body's fwd_call_hierarchy is the call site's for every op
-    ("regional", "training"): _BODY,
-}
+SHAPE_XFAIL: dict[tuple[str, str], str] = {}
 
 
 def _shape_case(model: str, shape: str, mode: str) -> Any:
