@@ -1092,16 +1092,8 @@ def graph_ops(compiled: Compiled, mode: str) -> dict[str, list[Op]]:
             "backward": flat_ops(compiled.backward[0], "fwd_call_hierarchy")}
 
 
-# Where the series does not give the composed hierarchy yet (issue 11 items 1 and 2): strict, so
-# that each marker must go when its fix lands.
-_STEP_ROOT = "issue 11 item 1: the model argument of a compiled step function is taken as the root"
-SHAPE_XFAIL: dict[tuple[str, str], str] = {}
-
-
 def _shape_case(model: str, shape: str, mode: str) -> Any:
-    reason = SHAPE_XFAIL.get((shape, mode))
-    marks = [pytest.mark.xfail(reason=reason, strict=True)] if reason else []
-    return pytest.param(model, shape, mode, id=f"{model}-{shape}-{mode}", marks=marks)
+    return pytest.param(model, shape, mode, id=f"{model}-{shape}-{mode}")
 
 
 SHAPE_CASES = [_shape_case(m, s, mode) for m in CORPUS for s in SHAPES for mode in MODES]
@@ -1140,7 +1132,6 @@ def test_regional_compilation_shares_one_body(model: str, mode: str) -> None:
         assert len({n.args[0].target for n in calls}) == 1, [n.format_node() for n in calls]
 
 
-@pytest.mark.xfail(reason=_STEP_ROOT, strict=True)
 @pytest.mark.parametrize("model", list(CORPUS))
 def test_step_root_is_the_function_and_modules_agree_with_nn_module_stack(model: str) -> None:
     """Under ``step``, the frame is a plain function (no ``module_class``), and every op's module
