@@ -6,7 +6,7 @@ Usage (from a fresh clone, any Python 3.11; it builds its own environments under
     python3 -m scripts.benchmark_overhead --quick    # CI: tiny workloads, no valgrind, about 2 min once set up
     python3 -m scripts.benchmark_overhead --workloads qwen2_l1,nested_modules_d1 --out /tmp/o   # a subset
 
-Variants (``--variants``; default ``unpatched,fixes,disabled,enabled``):
+Variants (``--variants``; default ``unpatched,fixes,disabled,enabled``, ``--quick``: no ``unpatched``):
 
 * ``unpatched``      torch==2.13.0 as the wheel installed it (build/bench/venv-wheel)
 * ``fixes``          the flag-free upstream fixes only: the leading patches of ``patches/.patches`` whose
@@ -71,6 +71,7 @@ BENCH_DIR = ROOT / "build" / "bench"
 VENVS = {"wheel": BENCH_DIR / "venv-wheel", "fixes": BENCH_DIR / "venv-fixes", "whole": BENCH_DIR / "venv-whole"}
 VARIANTS = ("unpatched", "fixes", "disabled", "enabled", "prototype", "no_stack_trace")
 DEFAULT_VARIANTS = ("unpatched", "fixes", "disabled", "enabled")
+QUICK_VARIANTS = ("fixes", "disabled", "enabled")  # --quick measures no instructions: no wheel venv needed
 FLAG_FREE = ("unpatched", "fixes")
 VENV_OF = {"unpatched": "wheel", "fixes": "fixes"}  # every other variant: "whole"
 # What each variant's instruction count is compared with.
@@ -367,18 +368,43 @@ def warm_up(table: dict[str, dict[str, Any]]) -> None:
 
 
 def worker_callgrind(job: dict[str, Any]) -> dict[str, Any]:
-    """Run under valgrind: warm up, prime, then exactly one bracketed compile of one workload in one variant."""
+    """Run under valgrind: import and warm up once, then per workload fork a child process that primes
+    and makes exactly one bracketed compile; each child writes a callgrind file of its own (`%p`)."""
+    import traceback
+
     import torch
 
     table = workload_table(job["quick"])
     variant = Variant()
-    variant.set(job["variant"])
+    variant.set(job["variant"].strip())
+    if job["transformers"]:
+        import transformers  # noqa: F401  (imported in every process alike, whatever it measures)
     warm_up(table)
-    # priming compile (not measured): Dynamo's per-code-object caches survive reset(), so the first
-    # compile of a workload's code in a process costs more than the next ones
-    compile_once(table[job["workload"]])
-    compile_once(table[job["workload"]], around=torch._C._valgrind_toggle)
-    return {"variant": variant.current}
+    gc.collect()
+    children = []
+    for name in job["workloads"]:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:  # the measured process
+            code = 1
+            try:
+                # priming compile (not measured): Dynamo's per-code-object caches survive reset(), so the
+                # first compile of a workload's code in a process costs more than the next ones
+                compile_once(table[name])
+                compile_once(table[name], around=torch._C._valgrind_toggle)
+                code = 0
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        if status != 0:
+            raise RuntimeError(f"the measured child process for {name} failed (wait status {status})")
+        children.append({"workload": name, "pid": pid})
+    return {"children": children}
 
 
 def worker_wall(job: dict[str, Any]) -> dict[str, Any]:
@@ -539,8 +565,8 @@ def spawn(variant: str, job: dict[str, Any], valgrind: Path | None = None) -> di
         env = dict(os.environ, PYTHONHASHSEED="0", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
                    TRANSFORMERS_NO_ADVISORY_WARNINGS="1", HF_HUB_OFFLINE="1")
         if valgrind is not None:
-            cmd = ["valgrind", "--tool=callgrind", "--collect-atstart=no", f"--callgrind-out-file={valgrind}",
-                   f"--log-file={valgrind}.log"] + cmd
+            cmd = ["valgrind", "--tool=callgrind", "--collect-atstart=no", f"--callgrind-out-file={valgrind}.%p",
+                   f"--log-file={valgrind}.%p.log"] + cmd
         proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
         if proc.returncode != 0:
             raise RuntimeError(f"worker {job['mode']} ({variant}) failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
@@ -560,36 +586,53 @@ def callgrind_total(path: Path) -> int | None:
     return None
 
 
-def callgrind_one(variant: str, workload: str, run_no: int, quick: bool, cg_dir: Path, key: str,
-                  reuse: bool) -> int:
-    """Instructions of one compile of `workload` in `variant`, in a valgrind process of its own."""
-    out = cg_dir / f"{workload}.{variant}.{run_no}.out"
-    marker = out.with_suffix(".key")
-    if reuse and marker.exists() and marker.read_text() == key and (n := callgrind_total(out)) is not None:
-        return n
-    for old in (out, marker, Path(f"{out}.log")):
-        old.unlink(missing_ok=True)
-    spawn(variant, {"mode": "callgrind", "quick": quick, "variant": variant, "workload": workload}, valgrind=out)
-    n = callgrind_total(out)
-    if not n:
-        raise RuntimeError(f"callgrind wrote no instruction total to {out} (see {out}.log)")
-    marker.write_text(key)
-    return n
+def callgrind_parent(tag: str, variant: str, workloads: list[str], quick: bool, transformers: bool, cg_dir: Path,
+                     key: str, reuse: bool) -> dict[str, int]:
+    """Instructions of one compile of each workload in `variant`: one valgrind process imports torch once
+    and forks one child per workload, which is measured alone (see worker_callgrind)."""
+    record = cg_dir / f"{tag}.json"
+    if reuse and record.exists():
+        done = json.loads(record.read_text())
+        if done.get("key") == key and set(workloads) <= set(done["instructions"]):
+            print(f"  callgrind {tag}: reusing {record}", flush=True)
+            return {n: done["instructions"][n] for n in workloads}
+    for old in cg_dir.glob(f"{tag}.*"):
+        old.unlink()
+    base = cg_dir / tag
+    t0 = time.time()
+    # The variant's name is padded: every process then gets an argument of the same length.
+    job = {"mode": "callgrind", "quick": quick, "variant": variant.ljust(max(map(len, VARIANTS))),
+           "workloads": workloads, "transformers": transformers}
+    result = spawn(variant, job, valgrind=base)
+    counts = {}
+    for child in result["children"]:
+        n = callgrind_total(Path(f"{base}.{child['pid']}"))
+        if not n:
+            raise RuntimeError(f"callgrind wrote no instruction total for {child['workload']} to {base}.{child['pid']}")
+        counts[child["workload"]] = n
+    record.write_text(json.dumps({"key": key, "instructions": counts}))
+    print(f"  callgrind {tag}: {len(counts)} compiles in {time.time() - t0:.0f}s: "
+          + ", ".join(f"{n} {c:,}" for n, c in counts.items()), flush=True)
+    return counts
 
 
-def measure_instructions(jobs: list[tuple[str, str, int]], quick: bool, n_jobs: int, key: str,
-                         reuse: bool) -> dict[tuple[str, str, int], int]:
+def measure_instructions(variants: list[str], workloads: list[str], repeat: str, quick: bool, n_jobs: int,
+                         key: str, reuse: bool) -> dict[tuple[str, str, int], int]:
+    """One valgrind process per variant (plus one more of `disabled` for the repeat workload), --jobs at a time."""
     cg_dir = BENCH_DIR / "callgrind"
     cg_dir.mkdir(parents=True, exist_ok=True)
-    t0 = time.time()
+    transformers = any(n.startswith("qwen2") for n in workloads)
+    parents = [(v, v, workloads, 1) for v in variants]
+    if repeat != "none":
+        parents.append(("disabled-repeat", "disabled", [repeat], 2))
     counts: dict[tuple[str, str, int], int] = {}
     with concurrent.futures.ThreadPoolExecutor(max_workers=n_jobs) as pool:
-        futs = {pool.submit(callgrind_one, v, n, r, quick, cg_dir, key, reuse): (v, n, r) for v, n, r in jobs}
+        futs = {pool.submit(callgrind_parent, tag, v, ws, quick, transformers, cg_dir, key, reuse): (v, r)
+                for tag, v, ws, r in parents}
         for fut in concurrent.futures.as_completed(futs):
-            v, n, r = futs[fut]
-            counts[(v, n, r)] = fut.result()
-            print(f"  callgrind {len(counts)}/{len(jobs)}: {n} {v}" + (f" (run {r})" if r > 1 else "")
-                  + f": {counts[(v, n, r)]:,} Ir at {time.time() - t0:.0f}s", flush=True)
+            v, r = futs[fut]
+            for n, c in fut.result().items():
+                counts[(v, n, r)] = c
     return counts
 
 
@@ -692,7 +735,7 @@ def summary(rows: list[dict[str, Any]]) -> list[str]:
     off = col("disabled", "instr_vs_baseline_pct")
     per_node = dict(col("disabled", "instr_delta_per_node"))
     floor = col("disabled", "repeat_pct")
-    floor_txt = (f"noise floor: the same build in two processes differs by "
+    floor_txt = ("noise floor: the same build in two processes differs by "
                  + ", ".join(f"{v:+.4f}% on {n}" for n, v in floor)) if floor else "noise floor not measured"
     if off:
         worst = max(off, key=lambda t: t[1])
@@ -858,7 +901,7 @@ def orchestrate(args: argparse.Namespace) -> int:
     table = workload_table(quick)
     known = [n for n, s in table.items() if s["measure"]]
     measured = parse_list(args.workloads, known, "workloads") or known
-    variants = parse_list(args.variants, list(VARIANTS), "variants") or list(DEFAULT_VARIANTS)
+    variants = parse_list(args.variants, list(VARIANTS), "variants") or list(QUICK_VARIANTS if quick else DEFAULT_VARIANTS)
     for need in ("fixes", "disabled", "enabled"):
         if need not in variants:
             raise SystemExit(f"--variants must include {need} (the goals compare fixes, disabled and enabled)")
@@ -882,14 +925,11 @@ def orchestrate(args: argparse.Namespace) -> int:
         nodes.update(spawn(vs[0], {"mode": "nodes", "quick": quick, "variants": vs, "workloads": measured}))
     print(f"nodes: {nodes['disabled']}", flush=True)
 
-    # --- instructions: one valgrind process per (variant, workload), the repeat at the end
+    # --- instructions: one measured compile per process
     instr: dict[tuple[str, str, int], int] = {}
     if use_valgrind:
-        jobs = [(v, n, 1) for n in measured for v in variants]
-        if repeat != "none":
-            jobs.append(("disabled", repeat, 2))
         key = json.dumps([info["series_hash"], info["fixes_hash"], git_commit()])
-        instr = measure_instructions(jobs, quick, args.jobs, key, args.reuse_callgrind)
+        instr = measure_instructions(variants, measured, repeat, quick, args.jobs, key, args.reuse_callgrind)
         print(f"callgrind done at {time.time() - t_start:.0f}s", flush=True)
 
     # --- wall clock: the whole series' variants interleaved in one process
@@ -948,7 +988,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=str(ROOT / "results" / "overhead"), help="output folder")
     ap.add_argument("--workloads", metavar="A,B", help="comma-separated subset of the workloads (default: all)")
     ap.add_argument("--variants", metavar="A,B", help=f"comma-separated, from {', '.join(VARIANTS)} "
-                    f"(default: {','.join(DEFAULT_VARIANTS)})")
+                    f"(default: {','.join(DEFAULT_VARIANTS)}; --quick: {','.join(QUICK_VARIANTS)})")
     ap.add_argument("--repeat", metavar="WORKLOAD", help="measure `disabled` of this workload in a second valgrind "
                     "process too, for the noise floor (default: qwen2_l1 if measured, else the first; 'none')")
     ap.add_argument("--jobs", type=int, default=2, help="valgrind processes at a time (default 2)")
