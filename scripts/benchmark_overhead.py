@@ -25,13 +25,16 @@ at another depth changed counts by ~0.1%.
 
 Measurements:
 
-* instructions: one valgrind process per (variant, workload), ``valgrind --tool=callgrind
-  --collect-atstart=no``, ``PYTHONHASHSEED=0``: import, two tiny warm-up compiles (lazy imports), one
-  unmeasured priming compile of the workload (Dynamo's per-code-object caches survive ``reset()``), then
-  exactly one compile bracketed by ``torch._C._valgrind_toggle()`` with the cyclic GC off (the first call,
-  plus ``backward()`` for training). Every process runs the same program up to the variant, so counts
-  compare across processes; ``repeat`` = the same variant measured in a second process (the noise floor).
-  ``--jobs`` processes run at a time.
+* instructions: one measured compile per process, ``valgrind --tool=callgrind --collect-atstart=no``,
+  ``PYTHONHASHSEED=0``. One valgrind process per variant imports torch (and transformers), compiles two
+  tiny warm-up functions (lazy imports), then per workload forks a child (its own callgrind file) that
+  compiles the workload once unmeasured (priming: Dynamo's per-code-object caches survive ``reset()``) and
+  then exactly once bracketed by ``torch._C._valgrind_toggle()``, cyclic GC off (the first call, plus
+  ``backward()`` for training). Every measured process runs the same program up to the variant, so counts
+  compare across processes; ``repeat`` = ``disabled`` measured again by another valgrind process (the
+  noise floor). Several measured compiles in one process instead differ by up to 0.3% with their position.
+  ``--jobs`` valgrind processes run at a time; importing torch under valgrind (minutes) is paid once per
+  variant, not per workload.
 * wall clock: disabled / enabled (/ prototype / no_stack_trace) interleaved in one process, median of the
   per-round ratios; a second view only on a shared machine.
 * memory: ``tracemalloc`` bytes retained by the graph modules of one compile (held minus released),
@@ -863,15 +866,17 @@ def render_from_csv(out_dir: Path) -> list[str]:
         "contain `call_hierarchy` (`python3 -m scripts.series setup --through <last fix>`); `venv-whole` = the "
         "whole series; `venv-wheel` = the wheel's files. Equal folder-name lengths: Dynamo reads torch's file "
         "paths, and a tree laid out at another depth changes counts by ~0.1%.",
-        "- Instructions: `valgrind --tool=callgrind --collect-atstart=no`, `PYTHONHASHSEED=0`, one valgrind "
-        "process per (build, flag, workload). Each process imports torch, compiles two tiny different "
-        "functions (inference and training: lazy imports), compiles the workload once unmeasured (Dynamo's "
-        "per-code-object caches survive `reset()`), then `torch._dynamo.reset()`, `gc.collect()`, model "
-        "construction and exactly one compile bracketed by `torch._C._valgrind_toggle()` with the cyclic GC "
-        "off (the first call; for training also `backward()`, so AOTAutograd's graphs and the backward metadata "
-        "copy count). Every process runs the same program up to the variant, so the counts of different "
-        "processes compare; several measured compiles in one process instead differ by up to 0.3% with their "
-        "position, which cannot resolve a 0.05% goal.",
+        "- Instructions: `valgrind --tool=callgrind --collect-atstart=no`, `PYTHONHASHSEED=0`, one measured "
+        "compile per process. One valgrind process per build and flag imports torch (and transformers), "
+        "compiles two tiny different functions (inference and training: lazy imports), then per workload forks "
+        "a child with a callgrind file of its own, which compiles the workload once unmeasured (Dynamo's "
+        "per-code-object caches survive `reset()`), then after `torch._dynamo.reset()`, `gc.collect()` and "
+        "model construction exactly once bracketed by `torch._C._valgrind_toggle()` with the cyclic GC off "
+        "(the first call; for training also `backward()`, so AOTAutograd's graphs and the backward metadata "
+        "copy count). Every measured process runs the same program up to the variant, so counts of different "
+        "processes compare; `repeat` is `disabled` measured again by a second valgrind process. Several "
+        "measured compiles in one process instead differ by up to 0.3% with their position, which cannot "
+        "resolve a 0.05% goal.",
         "- Wall clock: the flag-on and flag-off compiles interleaved in one process, median over rounds of the "
         "ratio.",
         "- Memory: `tracemalloc` size with the graph modules of one compile held (Dynamo reset before), minus "
