@@ -385,7 +385,9 @@ def worker_callgrind(job: dict[str, Any]) -> dict[str, Any]:
     warm_up(table)
     gc.collect()
     children = []
-    for name in job["workloads"]:
+    for name, flag in zip(job["workloads"], job["measure"]):
+        if flag != "1":
+            continue
         sys.stdout.flush()
         sys.stderr.flush()
         pid = os.fork()
@@ -565,8 +567,10 @@ def spawn(variant: str, job: dict[str, Any], valgrind: Path | None = None) -> di
     with tempfile.TemporaryDirectory() as tmp:
         job = dict(job, result=os.path.join(tmp, "result.json"))
         cmd = [str(venv_python(venv_of(variant))), "-m", "scripts.benchmark_overhead", "--worker", json.dumps(job)]
+        # No on-disk compile caches: a cache written by an earlier process would change what a later one runs.
         env = dict(os.environ, PYTHONHASHSEED="0", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
-                   TRANSFORMERS_NO_ADVISORY_WARNINGS="1", HF_HUB_OFFLINE="1")
+                   TRANSFORMERS_NO_ADVISORY_WARNINGS="1", HF_HUB_OFFLINE="1", TORCHINDUCTOR_FX_GRAPH_CACHE="0",
+                   TORCHINDUCTOR_AUTOGRAD_CACHE="0")
         if valgrind is not None:
             cmd = ["valgrind", "--tool=callgrind", "--collect-atstart=no", f"--callgrind-out-file={valgrind}.%p",
                    f"--log-file={valgrind}.%p.log"] + cmd
@@ -589,8 +593,8 @@ def callgrind_total(path: Path) -> int | None:
     return None
 
 
-def callgrind_parent(tag: str, variant: str, workloads: list[str], quick: bool, transformers: bool, cg_dir: Path,
-                     key: str, reuse: bool) -> dict[str, int]:
+def callgrind_parent(tag: str, variant: str, workloads: list[str], all_workloads: list[str], quick: bool,
+                     transformers: bool, cg_dir: Path, key: str, reuse: bool) -> dict[str, int]:
     """Instructions of one compile of each workload in `variant`: one valgrind process imports torch once
     and forks one child per workload, which is measured alone (see worker_callgrind)."""
     record = cg_dir / f"{tag}.json"
@@ -603,9 +607,12 @@ def callgrind_parent(tag: str, variant: str, workloads: list[str], quick: bool, 
         old.unlink()
     base = cg_dir / tag
     t0 = time.time()
-    # The variant's name is padded: every process then gets an argument of the same length.
+    # Every valgrind process gets a job of the same length (padded variant name, the whole run's workload
+    # list and a mask of those it measures): a different heap layout before the measured compile moves
+    # its count by up to ~1%.
     job = {"mode": "callgrind", "quick": quick, "variant": variant.ljust(max(map(len, VARIANTS))),
-           "workloads": workloads, "transformers": transformers}
+           "workloads": all_workloads, "measure": "".join("1" if n in workloads else "0" for n in all_workloads),
+           "transformers": transformers}
     result = spawn(variant, job, valgrind=base)
     counts = {}
     for child in result["children"]:
@@ -630,7 +637,7 @@ def measure_instructions(variants: list[str], workloads: list[str], repeat: str,
         parents.append(("disabled-repeat", "disabled", [repeat], 2))
     counts: dict[tuple[str, str, int], int] = {}
     with concurrent.futures.ThreadPoolExecutor(max_workers=n_jobs) as pool:
-        futs = {pool.submit(callgrind_parent, tag, v, ws, quick, transformers, cg_dir, key, reuse): (v, r)
+        futs = {pool.submit(callgrind_parent, tag, v, ws, workloads, quick, transformers, cg_dir, key, reuse): (v, r)
                 for tag, v, ws, r in parents}
         for fut in concurrent.futures.as_completed(futs):
             v, r = futs[fut]
