@@ -881,7 +881,9 @@ def render_from_csv(out_dir: Path) -> list[str]:
         "model construction exactly once bracketed by `torch._C._valgrind_toggle()` with the cyclic GC off "
         "(the first call; for training also `backward()`, so AOTAutograd's graphs and the backward metadata "
         "copy count). Every measured process runs the same program up to the variant, so counts of different "
-        "processes compare; `repeat` is `disabled` measured again by a second valgrind process. Several "
+        "processes compare (each gets a job of the same length, and no on-disk compile cache is used: a "
+        "different heap layout before the measured compile moved counts by ~1%); `repeat` is `disabled` "
+        "measured again by a second valgrind process. Several "
         "measured compiles in one process instead differ by up to 0.3% with their position, which cannot "
         "resolve a 0.05% goal.",
         "- Wall clock: the flag-on and flag-off compiles interleaved in one process, median over rounds of the "
