@@ -563,6 +563,16 @@ def ensure_venvs(variants: list[str]) -> dict[str, Any]:
             "fixes_hash": series.series_hash(fixes) if fixes else ""}
 
 
+def no_aslr_prefix() -> list[str]:
+    """`setarch <arch> -R` where the machine allows turning address randomization off, else nothing."""
+    setarch = shutil.which("setarch")
+    if setarch is None:
+        return []
+    cmd = [setarch, platform.machine(), "-R"]
+    ok = subprocess.run([*cmd, "true"], capture_output=True).returncode == 0
+    return cmd if ok else []
+
+
 def spawn(variant: str, job: dict[str, Any], valgrind: Path | None = None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         job = dict(job, result=os.path.join(tmp, "result.json"))
@@ -574,6 +584,10 @@ def spawn(variant: str, job: dict[str, Any], valgrind: Path | None = None) -> di
         if valgrind is not None:
             cmd = ["valgrind", "--tool=callgrind", "--collect-atstart=no", f"--callgrind-out-file={valgrind}.%p",
                    f"--log-file={valgrind}.%p.log"] + cmd
+            # Without address randomization: object addresses order id()-hashed sets and dicts, and two runs of
+            # the same program with randomization differed by ~0.05%.
+            if no_aslr_prefix():
+                cmd = no_aslr_prefix() + cmd
         proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
         if proc.returncode != 0:
             raise RuntimeError(f"worker {job['mode']} ({variant}) failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
@@ -881,8 +895,9 @@ def render_from_csv(out_dir: Path) -> list[str]:
         "model construction exactly once bracketed by `torch._C._valgrind_toggle()` with the cyclic GC off "
         "(the first call; for training also `backward()`, so AOTAutograd's graphs and the backward metadata "
         "copy count). Every measured process runs the same program up to the variant, so counts of different "
-        "processes compare (each gets a job of the same length, and no on-disk compile cache is used: a "
-        "different heap layout before the measured compile moved counts by ~1%); `repeat` is `disabled` "
+        "processes compare (each gets a job of the same length, no on-disk compile cache is used, and address "
+        "randomization is off where `setarch -R` is allowed: with a job of another length the same build "
+        "differed by 0.85%, with randomization by 0.05%); `repeat` is `disabled` "
         "measured again by a second valgrind process. Several "
         "measured compiles in one process instead differ by up to 0.3% with their position, which cannot "
         "resolve a 0.05% goal.",
@@ -968,7 +983,9 @@ def orchestrate(args: argparse.Namespace) -> int:
         "fixes": " ".join(info["fixes"]),
         "mode": "quick" if quick else "full",
         "valgrind": (subprocess.run(["valgrind", "--version"], capture_output=True, text=True).stdout.strip()
-                     + ", `--collect-atstart=no`, one measured compile per process, `PYTHONHASHSEED=0`")
+                     + ", `--collect-atstart=no`, one measured compile per process, `PYTHONHASHSEED=0`, "
+                     + ("address randomization off (`setarch -R`)" if no_aslr_prefix() else
+                        "address randomization ON (setarch -R not allowed here: expect a ~0.05% floor)"))
         if use_valgrind else "not measured (no valgrind in this mode)",
     }
     rows = []
