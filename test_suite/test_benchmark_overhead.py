@@ -63,6 +63,14 @@ def test_goals_missed() -> None:
     assert "NO, differ on w" in text
 
 
+def test_goal_not_resolved_above_the_noise_floor() -> None:
+    rows = rows_for(off_pct=0.01, on_pct=0.1, mem_on=100_000)
+    rows[2]["instructions_repeat"] = str(round(int(rows[2]["instructions"]) * 1.0006))
+    assert "compile instructions): NOT RESOLVED (noise floor 0.0600% >= the goal)" in summary_of(rows)
+    rows = rows_for(off_pct=-0.2, on_pct=0.1, mem_on=100_000)
+    assert "met; flag off does measurably less work than fixes only" in summary_of(rows)
+
+
 def test_derive_compares_with_the_right_baseline() -> None:
     rows = rows_for(off_pct=0.01, on_pct=0.1, mem_on=100_000)
     B.derive(rows)
