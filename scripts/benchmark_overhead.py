@@ -2,37 +2,47 @@
 
 Usage (from a fresh clone, any Python 3.11; it builds its own environments under build/bench/):
 
-    python3 -m scripts.benchmark_overhead            # full run (~35 min on 2 cores): results/overhead/
-    python3 -m scripts.benchmark_overhead --quick    # CI: tiny workloads, no valgrind, < 2 min once set up
+    python3 -m scripts.benchmark_overhead            # full run (about 25-30 min on 2 cores): results/overhead/
+    python3 -m scripts.benchmark_overhead --quick    # CI: tiny workloads, no valgrind, about 2 min once set up
+    python3 -m scripts.benchmark_overhead --workloads qwen2_l1,nested_modules_d1 --out /tmp/o   # a subset
 
-Variants, all measured in the same run:
+Variants (``--variants``; default ``fixes,disabled,enabled``; ``unpatched,fixes,disabled,enabled`` adds the
+fixes' own effect for about 5 more minutes):
 
-* ``unpatched``      torch==2.13.0 as the wheel installed it (build/bench/venv-base)
-* ``disabled``       the patched torch (build/bench/venv-0051, the series installed by scripts.series),
-                     ``record_call_hierarchy = False`` (the default)
-* ``enabled``        the patched torch, ``record_call_hierarchy = True``
-* ``prototype``      the patched torch, flag off, plus the original RFC's approach monkeypatched in:
-                     ``SubgraphTracer.create_proxy`` is wrapped so that every node walks the translator
-                     chain (``tx = tx.parent``) and builds a list of dicts (module entries from new
-                     ``nn_module_stack`` keys, function entries for non-torch frames)
-* ``no_stack_trace`` the patched torch, flag off, with ``SubgraphTracer.create_node`` recompiled from
-                     its own source plus one line that pre-sets ``node.meta["stack_trace"] = ""``, so the
-                     existing stack_trace block of ``create_proxy`` (tx-chain walk, FrameSummary,
-                     linecache, format) is skipped. ``disabled - no_stack_trace`` is what stack_trace
-                     construction costs today, for scale.
+* ``unpatched``      torch==2.13.0 as the wheel installed it (build/bench/venv-wheel)
+* ``fixes``          the flag-free upstream fixes only: the leading patches of ``patches/.patches`` whose
+                     diff does not contain ``call_hierarchy`` (build/bench/venv-fixes, made with
+                     ``python3 -m scripts.series setup --through <last fix>``); the baseline of "flag off"
+* ``disabled``       the whole series (build/bench/venv-whole), ``record_call_hierarchy = False`` (the default)
+* ``enabled``        the whole series, ``record_call_hierarchy = True``
+* ``prototype``      (opt-in) flag off plus the original RFC's approach monkeypatched in: every node walks
+                     the translator chain and builds a list of dicts
+* ``no_stack_trace`` (opt-in) flag off with ``SubgraphTracer.create_node`` recompiled from its own source
+                     plus ``node.meta["stack_trace"] = ""``: ``disabled - no_stack_trace`` is what building
+                     stack_trace costs today, for scale
+
+The three venv folder names have the same length: Dynamo looks at torch's file paths, and the same files
+at another depth changed counts by ~0.1%.
 
 Measurements:
 
-* instructions: ``valgrind --tool=callgrind --collect-atstart=no``, ``torch._C._valgrind_toggle()``
-  bracketing only the compile (first call of the compiled function, plus ``backward()`` for the training
-  workload), ``PYTHONHASHSEED=0``, cyclic GC off inside the bracket; three valgrind processes
-  ([disabled, enabled], [disabled again, prototype, no_stack_trace], [unpatched, unpatched again]), each
-  warming up on two different tiny functions, then per workload an unmeasured priming compile and one bracketed compile per
-  variant, each after ``torch._dynamo.reset()`` and ``gc.collect()``;
-* wall clock: interleaved A B A B ... compiles, ratio of each pair, median over pairs (patched variants
-  interleave in one process; unpatched vs disabled alternate between processes);
+* instructions: one measured compile per process, ``valgrind --tool=callgrind --collect-atstart=no``,
+  ``PYTHONHASHSEED=0``. One valgrind process per variant imports torch (and transformers), compiles two
+  tiny warm-up functions (lazy imports), then per workload forks a child (its own callgrind file) that
+  compiles the workload once unmeasured (priming: Dynamo's per-code-object caches survive ``reset()``) and
+  then exactly once bracketed by ``torch._C._valgrind_toggle()``, cyclic GC off (the first call, plus
+  ``backward()`` for training). Every measured process runs the same program up to the variant, so counts
+  compare across processes; ``repeat`` = ``disabled`` measured again by another valgrind process (the
+  noise floor). Several measured compiles in one process instead differ by up to 0.3% with their position.
+  ``--jobs`` valgrind processes run at a time; importing torch under valgrind (minutes) is paid once per
+  variant, not per workload.
+* wall clock: disabled / enabled (/ prototype / no_stack_trace) interleaved in one process, median of the
+  per-round ratios; a second view only on a shared machine.
 * memory: ``tracemalloc`` bytes retained by the graph modules of one compile (held minus released),
-  enabled minus disabled, divided by the number of FX nodes in them.
+  enabled minus disabled: per FX node and as a share of the bytes the graphs retain with the flag off.
+
+Goals (checked in overhead.md's Summary and printed): flag off vs fixes-only < 0.05% of compile
+instructions; flag on vs off <= 0.25% on every workload; flag-on memory <= 1% of the retained graphs' bytes.
 
 Writes ``overhead.md`` and ``overhead.csv`` (machine, torch version, repository commit, series hash).
 """
@@ -61,12 +71,21 @@ from typing import Any, Callable
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH_DIR = ROOT / "build" / "bench"
-# Same-length names, so that the torch file paths Dynamo looks at have the same length in both.
-VENVS = {"unpatched": BENCH_DIR / "venv-base", "patched": BENCH_DIR / "venv-0051"}
-PATCHED_VARIANTS = ("disabled", "enabled", "prototype", "no_stack_trace")
-# disabled_b: the flag-off baseline measured again in the prototype / no_stack_trace valgrind process
-VARIANTS = ("unpatched", "unpatched_repeat") + PATCHED_VARIANTS + ("disabled_b",)
-PINS = ("torch==2.13.0", "transformers==5.23.0")
+# Same-length folder names, so that the torch file paths Dynamo looks at have the same length in all.
+VENVS = {"wheel": BENCH_DIR / "venv-wheel", "fixes": BENCH_DIR / "venv-fixes", "whole": BENCH_DIR / "venv-whole"}
+VARIANTS = ("unpatched", "fixes", "disabled", "enabled", "prototype", "no_stack_trace")
+# unpatched (the fixes' own effect) is opt-in: a fourth valgrind process adds about a fifth to the run.
+DEFAULT_VARIANTS = ("fixes", "disabled", "enabled")
+QUICK_VARIANTS = ("fixes", "disabled", "enabled")  # --quick measures no instructions: no wheel venv needed
+FLAG_FREE = ("unpatched", "fixes")
+VENV_OF = {"unpatched": "wheel", "fixes": "fixes"}  # every other variant: "whole"
+# What each variant's instruction count is compared with.
+BASELINE = {"fixes": "unpatched", "disabled": "fixes", "enabled": "disabled", "prototype": "disabled",
+            "no_stack_trace": "disabled"}
+GOAL_OFF_PCT = 0.05  # flag off vs fixes-only, share of the compile's instructions
+GOAL_ON_PCT = 0.25  # flag on vs flag off, on every workload
+GOAL_MEM_SHARE_PCT = 1.0  # flag on vs off, share of the bytes the compiled graphs retain
+HIERARCHY_MODULE = "call_hierarchy"  # a patch whose diff mentions it belongs to the feature, not the fixes
 
 
 # =========================================================================== workloads (worker side)
@@ -161,9 +180,8 @@ def _loss(out: Any) -> Any:
 def workload_table(quick: bool) -> dict[str, dict[str, Any]]:
     t: dict[str, dict[str, Any]] = {}
 
-    def add(name: str, family: str, build: Callable[[], tuple], train: bool = False, measure: bool = True,
-            callgrind: bool = True) -> None:
-        t[name] = {"family": family, "build": build, "train": train, "measure": measure, "callgrind": callgrind}
+    def add(name: str, family: str, build: Callable[[], tuple], train: bool = False, measure: bool = True) -> None:
+        t[name] = {"family": family, "build": build, "train": train, "measure": measure}
 
     if quick:  # CI: seconds each, no transformers import
         add("nested_modules_d1", "nested", lambda: _nested_modules(1, 20))
@@ -173,16 +191,13 @@ def workload_table(quick: bool) -> dict[str, dict[str, Any]]:
         add("nested_train_d2", "train", lambda: _nested_modules(2, 8), train=True)
     else:
         ops = 60
-        depths = (1, 8, 24)
-        for d in depths:
-            add(f"nested_modules_d{d}", "nested", lambda d=d: _nested_modules(d, ops), callgrind=d != 8)
-        for d in depths:
-            add(f"helper_chain_d{d}", "chain", lambda d=d: _helper_chain(d, ops), callgrind=d != 8)
-        for w in (50, 100, 500):
-            add(f"wide_w{w}", "wide", lambda w=w: _wide(w), callgrind=w == 100)
-        for n in (1, 2, 4):
-            add(f"qwen2_l{n}", "qwen2", lambda n=n: _qwen2(n), callgrind=n <= 1)
+        # Ordered by cost (most expensive first), so that parallel valgrind processes finish together.
         add("qwen2_train_l1", "train", lambda: _qwen2(1), train=True)
+        add("qwen2_l1", "qwen2", lambda: _qwen2(1))
+        add("wide_w100", "wide", lambda: _wide(100))
+        for d in (24, 1):
+            add(f"nested_modules_d{d}", "nested", lambda d=d: _nested_modules(d, ops))
+            add(f"helper_chain_d{d}", "chain", lambda d=d: _helper_chain(d, ops))
     add("warmup", "warmup", lambda: _helper_chain(2, 2), measure=False)
     add("warmup_train", "warmup", lambda: _nested_modules(2, 2), train=True, measure=False)
     return t
@@ -192,7 +207,11 @@ def workload_table(quick: bool) -> dict[str, dict[str, Any]]:
 
 
 class Variant:
-    """Switch the patched torch between disabled / enabled / prototype / no_stack_trace in-process."""
+    """Switch the installed torch to one variant in-process.
+
+    The whole series (venv-whole) serves disabled / enabled / prototype / no_stack_trace; the fixes-only
+    prefix (venv-fixes) serves `fixes` and the wheel (venv-wheel) `unpatched`: neither has the flag.
+    """
 
     def __init__(self) -> None:
         import torch
@@ -205,15 +224,17 @@ class Variant:
         self.patched = hasattr(torch._dynamo.config, "record_call_hierarchy")
         self.proto_create_proxy = make_prototype(self.orig_create_proxy)
         self.no_st_create_node = make_no_stack_trace(output_graph, self.orig_create_node)
-        self.current = "unpatched" if not self.patched else "disabled"
+        self.current = "disabled" if self.patched else "fixes"
 
     def set(self, name: str) -> None:
-        name = name.removesuffix("_repeat").removesuffix("_b")
-        if name == "unpatched":
+        if name not in VARIANTS:
+            raise RuntimeError(f"unknown variant {name!r}; known: {', '.join(VARIANTS)}")
+        if name in FLAG_FREE:
             if self.patched:
-                raise RuntimeError("this torch has the series installed; 'unpatched' needs the pristine venv")
+                raise RuntimeError(f"variant {name!r} needs a torch without the call_hierarchy patches; "
+                                   "this one has record_call_hierarchy")
         elif not self.patched:
-            raise RuntimeError(f"variant {name!r} needs the patched torch; this one is pristine")
+            raise RuntimeError(f"variant {name!r} needs the whole series; this torch has no record_call_hierarchy")
         if self.patched:
             self.torch._dynamo.config.record_call_hierarchy = name == "enabled"
         self.tracer.create_proxy = self.proto_create_proxy if name == "prototype" else self.orig_create_proxy
@@ -352,24 +373,45 @@ def warm_up(table: dict[str, dict[str, Any]]) -> None:
 
 
 def worker_callgrind(job: dict[str, Any]) -> dict[str, Any]:
-    """Run under valgrind: warm up, then for each workload of the family, for each variant: one bracketed compile."""
+    """Run under valgrind: import and warm up once, then per workload fork a child process that primes
+    and makes exactly one bracketed compile; each child writes a callgrind file of its own (`%p`)."""
+    import traceback
+
     import torch
 
     table = workload_table(job["quick"])
     variant = Variant()
-    variant.set(job["variants"][0])
+    variant.set(job["variant"].strip())
+    if job["transformers"]:
+        import transformers  # noqa: F401  (imported in every process alike, whatever it measures)
     warm_up(table)
-    results = []
-    for name in job["workloads"]:
-        # priming compile (not measured): Dynamo's per-code-object caches survive reset(), so the first
-        # compile of a workload's code in a process costs more than the next ones
-        compile_once(table[name])
-        for v in job["variants"]:
-            variant.set(v)
-            compile_once(table[name], around=torch._C._valgrind_toggle_and_dump_stats)
-            results.append({"workload": name, "variant": v})
-    variant.set(job["variants"][0])
-    return {"dumps": results}
+    gc.collect()
+    children = []
+    for name, flag in zip(job["workloads"], job["measure"]):
+        if flag != "1":
+            continue
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:  # the measured process
+            code = 1
+            try:
+                # priming compile (not measured): Dynamo's per-code-object caches survive reset(), so the
+                # first compile of a workload's code in a process costs more than the next ones
+                compile_once(table[name])
+                compile_once(table[name], around=torch._C._valgrind_toggle)
+                code = 0
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        if status != 0:
+            raise RuntimeError(f"the measured child process for {name} failed (wait status {status})")
+        children.append({"workload": name, "pid": pid})
+    return {"children": children}
 
 
 def worker_wall(job: dict[str, Any]) -> dict[str, Any]:
@@ -398,6 +440,8 @@ def worker_wall(job: dict[str, Any]) -> dict[str, Any]:
 def worker_memory(job: dict[str, Any]) -> dict[str, Any]:
     import tracemalloc
 
+    import torch
+
     table = workload_table(job["quick"])
     variant = Variant()
     variant.set("disabled")
@@ -413,8 +457,6 @@ def worker_memory(job: dict[str, Any]) -> dict[str, Any]:
             gc.collect()
             tracemalloc.start()
             compile_once(table[name], keep)
-            import torch
-
             torch._dynamo.reset()
             gc.collect()
             held = tracemalloc.get_traced_memory()[0]
@@ -441,9 +483,14 @@ def hierarchy_bytes(held: Any, released: Any) -> int:
 
 
 def worker_nodes(job: dict[str, Any]) -> dict[str, Any]:
+    """FX nodes of each workload's Dynamo graphs, per variant of this torch (flag on must not change them)."""
     table = workload_table(job["quick"])
-    Variant().set("disabled")
-    return {name: dynamo_nodes(table[name]) for name in job["workloads"]}
+    variant = Variant()
+    out: dict[str, dict[str, int]] = {}
+    for v in job["variants"]:
+        variant.set(v)
+        out[v] = {name: dynamo_nodes(table[name]) for name in job["workloads"]}
+    return out
 
 
 def worker_main(job_json: str) -> int:
@@ -455,7 +502,7 @@ def worker_main(job_json: str) -> int:
     return 0
 
 
-# =========================================================================== orchestration
+# =========================================================================== environments
 
 
 def run(cmd: list[str], **kw: Any) -> subprocess.CompletedProcess:
@@ -466,101 +513,163 @@ def venv_python(venv: Path) -> Path:
     return venv / "bin" / "python"
 
 
-def ensure_venvs() -> dict[str, str]:
-    """build/bench/venv-base (pristine torch) and build/bench/venv-0051 (the series installed); reused."""
+def venv_of(variant: str) -> Path:
+    return VENVS[VENV_OF.get(variant, "whole")]
+
+
+def fix_prefix(patches: list[Any]) -> list[Any]:
+    """The flag-free fixes: the leading patches whose diff (not their message) never mentions call_hierarchy."""
+    fixes = []
+    for p in patches:
+        text = p.path.read_text(errors="replace")
+        start = text.find("\ndiff --git ")
+        if HIERARCHY_MODULE in (text[start:] if start >= 0 else text):
+            break
+        fixes.append(p)
+    return fixes
+
+
+def ensure_venvs(variants: list[str]) -> dict[str, Any]:
+    """build/bench/venv-{whole,fixes,wheel} as the variants need them, made and checked with scripts.series."""
     sys.path.insert(0, str(ROOT))
     from scripts import series
 
-    info = {}
-    for key, venv in VENVS.items():
-        py = venv_python(venv)
-        stamp = venv / ".bench-pins"
-        if not py.exists() or not stamp.exists() or stamp.read_text() != "\n".join(PINS):
-            print(f"creating {venv} ({' '.join(PINS)}) ...", flush=True)
-            if venv.exists():
-                shutil.rmtree(venv)
-            run([series.python311(), "-m", "venv", str(venv)])
-            with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as fh:
-                fh.write("torch==2.13.0\n")
-            try:
-                run([str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check", *PINS, "-c", fh.name])
-            finally:
-                os.unlink(fh.name)
-            stamp.write_text("\n".join(PINS))
     layout = series.Layout(ROOT)
     pinned = layout.base()["torch_version"]
     patches = series.load_series(layout.patches)
-    sp = series.site_packages(VENVS["patched"])
-    info["install"] = series.install(sp, patches, pinned)
-    info["series_hash"] = series.series_hash(patches)
-    info["patches"] = len(patches)
-    state = series.install_state(series.site_packages(VENVS["unpatched"]), patches, pinned)
-    if state.state != "pristine":
-        raise SystemExit(f"{VENVS['unpatched']} is not pristine: {state.detail}")
-    return info
+    fixes = fix_prefix(patches)
+    if len(fixes) == len(patches):
+        raise SystemExit(f"every patch of {layout.patches / '.patches'} is free of {HIERARCHY_MODULE}: "
+                         "there is no feature to measure")
+    needed = list(dict.fromkeys(VENV_OF.get(v, "whole") for v in variants))
+    setup = [sys.executable, "-m", "scripts.series", "setup", "--venv"]
+    for key in needed:
+        venv = VENVS[key]
+        if key == "whole":
+            run([*setup, str(venv)], cwd=ROOT)
+        elif key == "fixes" and fixes:
+            run([*setup, str(venv), "--through", fixes[-1].name], cwd=ROOT)
+        else:  # the wheel's torch (also `fixes` for a series with no fix at the bottom): set up, then revert
+            sp = series.site_packages(venv) if venv_python(venv).exists() else None
+            if sp is None or series.install_state(sp, patches, pinned).state != "pristine":
+                run([*setup, str(venv), "--through", patches[0].name], cwd=ROOT)
+                run([sys.executable, "-m", "scripts.series", "install", "--venv", str(venv), "--revert"], cwd=ROOT)
+        sp = series.site_packages(venv)
+        want, through = (("current", fixes[-1].name) if key == "fixes" and fixes else
+                         ("current", None) if key == "whole" else ("pristine", None))
+        state = series.install_state(sp, patches, pinned, through)
+        if state.state != want:
+            raise SystemExit(f"{venv}: expected the torch to be {want} ({key}), found {state.state}: {state.detail}")
+    return {"series_hash": series.series_hash(patches), "patches": len(patches),
+            "fixes": [p.name for p in fixes],
+            "fixes_hash": series.series_hash(fixes) if fixes else ""}
 
 
-def spawn(variant_venv: str, job: dict[str, Any], valgrind: Path | None = None) -> dict[str, Any]:
+def no_aslr_prefix() -> list[str]:
+    """`setarch <arch> -R` where the machine allows turning address randomization off, else nothing."""
+    setarch = shutil.which("setarch")
+    if setarch is None:
+        return []
+    cmd = [setarch, platform.machine(), "-R"]
+    ok = subprocess.run([*cmd, "true"], capture_output=True).returncode == 0
+    return cmd if ok else []
+
+
+def spawn(variant: str, job: dict[str, Any], valgrind: Path | None = None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         job = dict(job, result=os.path.join(tmp, "result.json"))
-        cmd = [str(venv_python(VENVS[variant_venv])), "-m", "scripts.benchmark_overhead", "--worker", json.dumps(job)]
+        cmd = [str(venv_python(venv_of(variant))), "-m", "scripts.benchmark_overhead", "--worker", json.dumps(job)]
+        # No on-disk compile caches: a cache written by an earlier process would change what a later one runs.
         env = dict(os.environ, PYTHONHASHSEED="0", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
-                   TRANSFORMERS_NO_ADVISORY_WARNINGS="1", HF_HUB_OFFLINE="1")
+                   TRANSFORMERS_NO_ADVISORY_WARNINGS="1", HF_HUB_OFFLINE="1", TORCHINDUCTOR_FX_GRAPH_CACHE="0",
+                   TORCHINDUCTOR_AUTOGRAD_CACHE="0")
         if valgrind is not None:
-            cmd = ["valgrind", "--tool=callgrind", "--collect-atstart=no", f"--callgrind-out-file={valgrind}",
-                   "--log-file=" + str(valgrind) + ".log"] + cmd
+            cmd = ["valgrind", "--tool=callgrind", "--collect-atstart=no", f"--callgrind-out-file={valgrind}.%p",
+                   f"--log-file={valgrind}.%p.log"] + cmd
+            # Without address randomization: object addresses order id()-hashed sets and dicts, and two runs of
+            # the same program with randomization differed by ~0.05%.
+            if no_aslr_prefix():
+                cmd = no_aslr_prefix() + cmd
         proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
         if proc.returncode != 0:
-            raise RuntimeError(f"worker {job['mode']} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
-        result = json.loads(Path(job["result"]).read_text())
-    return result
+            raise RuntimeError(f"worker {job['mode']} ({variant}) failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+        return json.loads(Path(job["result"]).read_text())
 
 
-def callgrind_totals(base: Path) -> list[int]:
-    """Instruction totals of the dumps callgrind wrote for `base` (base.1, base.2, ...), in order."""
-    parts = sorted(base.parent.glob(base.name + ".*"), key=lambda p: (len(p.suffix), p.suffix))
-    totals = []
-    for p in parts:
-        if not re.fullmatch(r"\.\d+", p.suffix):
-            continue
-        for line in p.read_text(errors="replace").splitlines():
-            if line.startswith("totals:") or line.startswith("summary:"):
-                totals.append(int(line.split()[1]))
-                break
-    return totals
+# =========================================================================== instructions
 
 
-def callgrind_job(tag: str, venv: str, variants: list[str], workloads: list[str], quick: bool,
-                  cg_dir: Path, reuse: bool = False) -> list[dict[str, Any]]:
-    base = cg_dir / f"callgrind.{tag}"
-    dumps = [{"workload": n, "variant": v} for n in workloads for v in variants]
-    if reuse:
-        totals = callgrind_totals(base)
-        if len(totals) >= 2 * len(dumps):
-            print(f"  callgrind {tag}: reusing {base}.*", flush=True)
-            return [dict(d, instructions=n) for d, n in zip(dumps, totals[1::2])]
-    for old in cg_dir.glob(base.name + "*"):
+def callgrind_total(path: Path) -> int | None:
+    """The instruction total of a callgrind output file (None if it has none)."""
+    if not path.exists():
+        return None
+    for line in path.read_text(errors="replace").splitlines():
+        if line.startswith(("totals:", "summary:")):
+            return int(line.split()[1])
+    return None
+
+
+def callgrind_parent(tag: str, variant: str, workloads: list[str], all_workloads: list[str], quick: bool,
+                     transformers: bool, cg_dir: Path, key: str, reuse: bool) -> dict[str, int]:
+    """Instructions of one compile of each workload in `variant`: one valgrind process imports torch once
+    and forks one child per workload, which is measured alone (see worker_callgrind)."""
+    record = cg_dir / f"{tag}.json"
+    if reuse and record.exists():
+        done = json.loads(record.read_text())
+        if done.get("key") == key and set(workloads) <= set(done["instructions"]):
+            print(f"  callgrind {tag}: reusing {record}", flush=True)
+            return {n: done["instructions"][n] for n in workloads}
+    for old in cg_dir.glob(f"{tag}.*"):
         old.unlink()
+    base = cg_dir / tag
     t0 = time.time()
-    result = spawn(venv, {"mode": "callgrind", "quick": quick, "variants": variants, "workloads": workloads},
-                   valgrind=base)
-    # toggle on (dump 2k+1 is the time between brackets, collection off: empty), toggle-and-dump
-    totals = callgrind_totals(base)
-    dumps = result["dumps"]
-    # Every bracket is toggle_and_dump (start: dumps what preceded, collection was off -> 0), so the
-    # measured counts are the non-zero... keep it exact: dump i*2+1 is the compile of dumps[i].
-    measured = totals[1::2]
-    if len(measured) < len(dumps):
-        raise RuntimeError(f"callgrind {base}: {len(totals)} dumps for {len(dumps)} measurements")
-    print(f"  callgrind {tag}: {len(dumps)} compiles in {time.time() - t0:.0f}s", flush=True)
-    return [dict(d, instructions=n) for d, n in zip(dumps, measured)]
+    # Every valgrind process gets a job of the same length (padded variant name, the whole run's workload
+    # list and a mask of those it measures): a different heap layout before the measured compile moves
+    # its count by up to ~1%.
+    job = {"mode": "callgrind", "quick": quick, "variant": variant.ljust(max(map(len, VARIANTS))),
+           "workloads": all_workloads, "measure": "".join("1" if n in workloads else "0" for n in all_workloads),
+           "transformers": transformers}
+    result = spawn(variant, job, valgrind=base)
+    counts = {}
+    for child in result["children"]:
+        n = callgrind_total(Path(f"{base}.{child['pid']}"))
+        if not n:
+            raise RuntimeError(f"callgrind wrote no instruction total for {child['workload']} to {base}.{child['pid']}")
+        counts[child["workload"]] = n
+    record.write_text(json.dumps({"key": key, "instructions": counts}))
+    print(f"  callgrind {tag}: {len(counts)} compiles in {time.time() - t0:.0f}s: "
+          + ", ".join(f"{n} {c:,}" for n, c in counts.items()), flush=True)
+    return counts
+
+
+def measure_instructions(variants: list[str], workloads: list[str], repeat: str, quick: bool, n_jobs: int,
+                         key: str, reuse: bool) -> dict[tuple[str, str, int], int]:
+    """One valgrind process per variant (plus one more of `disabled` for the repeat workload), --jobs at a time."""
+    cg_dir = BENCH_DIR / "callgrind"
+    cg_dir.mkdir(parents=True, exist_ok=True)
+    transformers = any(n.startswith("qwen2") for n in workloads)
+    parents = [(v, v, workloads, 1) for v in variants]
+    if repeat != "none":
+        parents.append(("disabled-repeat", "disabled", [repeat], 2))
+    counts: dict[tuple[str, str, int], int] = {}
+    with concurrent.futures.ThreadPoolExecutor(max_workers=n_jobs) as pool:
+        futs = {pool.submit(callgrind_parent, tag, v, ws, workloads, quick, transformers, cg_dir, key, reuse): (v, r)
+                for tag, v, ws, r in parents}
+        for fut in concurrent.futures.as_completed(futs):
+            v, r = futs[fut]
+            for n, c in fut.result().items():
+                counts[(v, n, r)] = c
+    return counts
+
+
+# =========================================================================== report
 
 
 def git_commit() -> str:
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "scripts/benchmark_overhead.py"], cwd=ROOT,
-                               capture_output=True, text=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "scripts/benchmark_overhead.py", "patches"],
+                               cwd=ROOT, capture_output=True, text=True).stdout.strip()
         return out.stdout.strip() + ("+local-edits" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
@@ -599,66 +708,276 @@ def median_pair_ratio(a: list[float], b: list[float]) -> float | None:
     return statistics.median(pairs) if pairs else None
 
 
+CSV_FIELDS = ["workload", "family", "variant", "nodes", "instructions", "instructions_repeat", "baseline",
+              "instr_vs_baseline_pct", "instr_delta_per_node", "repeat_pct", "wall_ratio_vs_disabled", "wall_pairs",
+              "mem_retained_bytes", "mem_delta_bytes_per_node", "mem_share_pct", "mem_attributed_bytes_per_node",
+              "mem_nodes", "date", "machine", "torch", "commit", "series_hash", "patches", "fixes", "mode",
+              "valgrind"]
+
+
+def write_csv(out_dir: Path, rows: list[dict[str, Any]]) -> None:
+    with open(out_dir / "overhead.csv", "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=CSV_FIELDS)
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: row.get(k, "") for k in CSV_FIELDS})
+
+
+def _num(s: Any) -> float | None:
+    try:
+        return float(s)
+    except (TypeError, ValueError):
+        return None
+
+
+def derive(rows: list[dict[str, Any]]) -> None:
+    """Fill the comparison columns from the raw ones (instructions, retained bytes, nodes)."""
+    by = {(r["workload"], r["variant"]): r for r in rows}
+    for r in rows:
+        ir = _num(r["instructions"])
+        base = BASELINE.get(r["variant"])
+        b = by.get((r["workload"], base)) if base else None
+        bi = _num(b["instructions"]) if b else None
+        r["baseline"] = base if b else ""
+        p = pct(ir, bi)
+        r["instr_vs_baseline_pct"] = fmt(p, ".4f") if p is not None else ""
+        nodes = _num(r["nodes"])
+        r["instr_delta_per_node"] = f"{(ir - bi) / nodes:.1f}" if p is not None and nodes else ""
+        rep = pct(_num(r["instructions_repeat"]), ir)
+        r["repeat_pct"] = f"{rep:.4f}" if rep is not None else ""
+        if r["variant"] == "enabled" and (d := by.get((r["workload"], "disabled"))):
+            on, off, n = _num(r["mem_retained_bytes"]), _num(d["mem_retained_bytes"]), _num(r["mem_nodes"])
+            if on is not None and off is not None:
+                r["mem_delta_bytes_per_node"] = f"{(on - off) / n:.2f}" if n else ""
+                r["mem_share_pct"] = f"{100 * (on - off) / off:.3f}" if off > 0 else ""
+
+
+def summary(rows: list[dict[str, Any]]) -> list[str]:
+    """The goal lines of overhead.md (also printed at the end of a run)."""
+    def col(variant: str, field: str) -> list[tuple[str, float]]:
+        return [(r["workload"], v) for r in rows if r["variant"] == variant and (v := _num(r[field])) is not None]
+
+    out = []
+    off = col("disabled", "instr_vs_baseline_pct")
+    per_node = dict(col("disabled", "instr_delta_per_node"))
+    floor = col("disabled", "repeat_pct")
+    floor_txt = ("noise floor: the same build in two processes differs by "
+                 + ", ".join(f"{v:+.4f}% on {n}" for n, v in floor)) if floor else "noise floor not measured"
+    if off:
+        worst = max(off, key=lambda t: t[1])
+        widest = max(off, key=lambda t: abs(t[1]))
+        noise = max((abs(v) for _, v in floor), default=0.0)
+        verdict = ("MISSED" if worst[1] >= GOAL_OFF_PCT + noise else
+                   f"NOT RESOLVED (noise floor {noise:.4f}% >= the goal)" if noise >= GOAL_OFF_PCT else "met")
+        if widest[1] <= -max(GOAL_OFF_PCT, noise):
+            verdict += "; flag off does measurably less work than fixes only: the builds differ beyond the flag"
+        out.append(f"- **Flag off vs fixes only** (goal < {GOAL_OFF_PCT}% of compile instructions): {verdict}. "
+                   f"Largest increase {worst[1]:+.4f}% on {worst[0]} ({per_node.get(worst[0], 0):+.0f} Ir/node); "
+                   f"range {min(v for _, v in off):+.4f}% to {max(v for _, v in off):+.4f}% over {len(off)} "
+                   f"workloads (largest |Δ| {widest[1]:+.4f}% on {widest[0]}); {floor_txt}.")
+    else:
+        out.append(f"- Flag off vs fixes only (goal < {GOAL_OFF_PCT}%): no instruction counts in this run.")
+    on = col("enabled", "instr_vs_baseline_pct")
+    if on:
+        worst = max(on, key=lambda t: t[1])
+        verdict = "met" if all(v <= GOAL_ON_PCT for _, v in on) else "MISSED"
+        over = [f"{n} {v:+.3f}%" for n, v in on if v > GOAL_ON_PCT]
+        out.append(f"- **Flag on vs off** (goal <= {GOAL_ON_PCT}% on every workload): {verdict}. Largest "
+                   f"{worst[1]:+.4f}% on {worst[0]}; range {min(v for _, v in on):+.4f}% to {worst[1]:+.4f}%"
+                   + (f"; over the goal: {', '.join(over)}" if over else "") + ".")
+    else:
+        out.append(f"- Flag on vs off (goal <= {GOAL_ON_PCT}%): no instruction counts in this run.")
+    share = col("enabled", "mem_share_pct")
+    bpn = dict(col("enabled", "mem_delta_bytes_per_node"))
+    objs = dict(col("enabled", "mem_attributed_bytes_per_node"))
+    if share:
+        worst = max(share, key=lambda t: t[1])
+        verdict = "met" if all(v <= GOAL_MEM_SHARE_PCT for _, v in share) else "MISSED"
+        out.append(f"- **Memory, flag on vs off** (goal <= {GOAL_MEM_SHARE_PCT}% of the bytes the compiled graphs "
+                   f"retain): {verdict}. Largest {worst[1]:.2f}% on {worst[0]} ({fmt(bpn.get(worst[0]), '.1f')} B/node, "
+                   f"{fmt(objs.get(worst[0]), '.1f')} B/node of hierarchy objects); per node "
+                   f"{min(bpn.values(), default=0):.1f} to {max(bpn.values(), default=0):.1f} B.")
+    fx = col("fixes", "instr_vs_baseline_pct")
+    if fx:
+        out.append(f"- Fixes vs the unpatched wheel (their own effect): {min(v for _, v in fx):+.4f}% to "
+                   f"{max(v for _, v in fx):+.4f}% of compile instructions.")
+    mismatched = sorted({r["workload"] for r in rows if r["nodes"] != next(
+        x["nodes"] for x in rows if x["workload"] == r["workload"])})
+    out.append("- Same FX graphs (node counts) in every variant: "
+               + ("yes" if not mismatched else f"NO, differ on {', '.join(mismatched)}") + ".")
+    return out
+
+
+def render_from_csv(out_dir: Path) -> list[str]:
+    """Recompute the derived columns of overhead.csv and write overhead.md; returns the summary lines."""
+    with open(out_dir / "overhead.csv", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    if not rows:
+        raise SystemExit(f"{out_dir / 'overhead.csv'} has no rows")
+    derive(rows)
+    write_csv(out_dir, rows)
+    order = list(dict.fromkeys(r["workload"] for r in rows))
+    by = {(r["workload"], r["variant"]): r for r in rows}
+    present = {r["variant"] for r in rows}
+
+    def val(n: str, v: str, field: str) -> float | None:
+        return _num(by[(n, v)][field]) if (n, v) in by else None
+
+    meta = rows[0]
+    cols: list[tuple[str, Callable[[str], str]]] = [
+        ("nodes", lambda n: by[(n, "disabled")]["nodes"]),
+        ("Ir fixes", lambda n: fmt(val(n, "fixes", "instructions"), ",.0f")),
+    ]
+    if "unpatched" in present:
+        cols.append(("fixes vs unpatched", lambda n: fmt(val(n, "fixes", "instr_vs_baseline_pct"), "+.4f", "%")))
+    cols += [
+        ("off vs fixes", lambda n: fmt(val(n, "disabled", "instr_vs_baseline_pct"), "+.4f", "%")),
+        ("off Δ/node", lambda n: fmt(val(n, "disabled", "instr_delta_per_node"), "+.0f")),
+        ("on vs off", lambda n: fmt(val(n, "enabled", "instr_vs_baseline_pct"), "+.4f", "%")),
+        ("on Δ/node", lambda n: fmt(val(n, "enabled", "instr_delta_per_node"), "+.0f")),
+        ("repeat", lambda n: fmt(val(n, "disabled", "repeat_pct"), "+.4f", "%") if val(n, "disabled", "repeat_pct")
+         is not None else ""),
+    ]
+    if "prototype" in present:
+        cols.append(("prototype vs off", lambda n: fmt(val(n, "prototype", "instr_vs_baseline_pct"), "+.3f", "%")))
+    if "no_stack_trace" in present:
+        cols.append(("stack_trace share", lambda n: fmt(None if (s := val(n, "no_stack_trace", "instr_vs_baseline_pct"))
+                                                        is None else -s, ".2f", "%")))
+    cols += [
+        ("wall on/off", lambda n: fmt(val(n, "enabled", "wall_ratio_vs_disabled"), ".3f")),
+        ("memory on-off B/node", lambda n: fmt(val(n, "enabled", "mem_delta_bytes_per_node"), ".1f")),
+        ("memory % of graphs", lambda n: fmt(val(n, "enabled", "mem_share_pct"), ".2f", "%")),
+        ("objects B/node", lambda n: fmt(val(n, "enabled", "mem_attributed_bytes_per_node"), ".1f")),
+        ("graphs KB (off)", lambda n: fmt(None if (b := val(n, "disabled", "mem_retained_bytes")) is None else b / 1024,
+                                          ".0f")),
+    ]
+    fixes = meta["fixes"].split() if meta["fixes"] else []
+    summary_lines = summary(rows)
+    lines = [
+        "# RFC-0051 call_hierarchy: compile-time overhead",
+        "",
+        f"- date: {meta['date']}; mode: {meta['mode']}",
+        f"- machine: {meta['machine']}",
+        f"- torch: {meta['torch']}; repository commit: `{meta['commit']}`; "
+        f"series hash: `{meta['series_hash'][:16]}` ({meta['patches']} patches)",
+        f"- fixes-only baseline: {', '.join(fixes) if fixes else 'none (no flag-free fix at the bottom: the wheel)'}",
+        f"- instructions: {meta['valgrind']}",
+        "- reproduce: `python3 -m scripts.benchmark_overhead` (builds build/bench/venv-{wheel,fixes,whole} with "
+        "`scripts.series setup` on first use; `--quick` for CI)",
+        "",
+        "## Summary",
+        "",
+        *summary_lines,
+        "",
+        "## Per workload",
+        "",
+        "off = the whole series with `record_call_hierarchy = False` (disabled), on = with True (enabled), "
+        "fixes = only the flag-free fixes at the bottom of the series. `x vs y` = (Ir x - Ir y) / Ir y, "
+        "instructions of one compile, each measured in a valgrind process of its own; Δ/node = the extra "
+        "instructions per Dynamo FX node; repeat = the same build measured again in another process (noise "
+        "floor); wall = median of interleaved on/off pair ratios (shared machine: a second view only); memory "
+        "= bytes retained by the compiled graphs, on minus off, per FX node of those graphs and as a share of "
+        "what they retain with the flag off (graphs KB); objects = of those, the bytes allocated by the "
+        "call_hierarchy modules per node. n/a = not measured in this run.",
+        "",
+        "| workload | " + " | ".join(c for c, _ in cols) + " |",
+        "|---|" + "---:|" * len(cols),
+    ]
+    for n in order:
+        lines.append(f"| {n} | " + " | ".join(f(n) for _, f in cols) + " |")
+    lines += [
+        "",
+        "## Method",
+        "",
+        "- Builds: `venv-fixes` = torch 2.13.0 with the leading patches of `patches/.patches` whose diff does not "
+        "contain `call_hierarchy` (`python3 -m scripts.series setup --through <last fix>`); `venv-whole` = the "
+        "whole series; `venv-wheel` = the wheel's files. Equal folder-name lengths: Dynamo reads torch's file "
+        "paths, and a tree laid out at another depth changes counts by ~0.1%.",
+        "- Instructions: `valgrind --tool=callgrind --collect-atstart=no`, `PYTHONHASHSEED=0`, one measured "
+        "compile per process. One valgrind process per build and flag imports torch (and transformers), "
+        "compiles two tiny different functions (inference and training: lazy imports), then per workload forks "
+        "a child with a callgrind file of its own, which compiles the workload once unmeasured (Dynamo's "
+        "per-code-object caches survive `reset()`), then after `torch._dynamo.reset()`, `gc.collect()` and "
+        "model construction exactly once bracketed by `torch._C._valgrind_toggle()` with the cyclic GC off "
+        "(the first call; for training also `backward()`, so AOTAutograd's graphs and the backward metadata "
+        "copy count). Every measured process runs the same program up to the variant, so counts of different "
+        "processes compare (each gets a job of the same length, no on-disk compile cache is used, and address "
+        "randomization is off where `setarch -R` is allowed: with a job of another length the same build "
+        "differed by 0.85%, with randomization by 0.05%); `repeat` is `disabled` "
+        "measured again by a second valgrind process. Several "
+        "measured compiles in one process instead differ by up to 0.3% with their position, which cannot "
+        "resolve a 0.05% goal.",
+        "- Wall clock: the flag-on and flag-off compiles interleaved in one process, median over rounds of the "
+        "ratio.",
+        "- Memory: `tracemalloc` size with the graph modules of one compile held (Dynamo reset before), minus "
+        "after releasing them: what the retained graph modules (Dynamo's graph and, for training, AOT "
+        "forward/backward) pin; on and off are the means of two compiles each (order off on on off).",
+    ]
+    (out_dir / "overhead.md").write_text("\n".join(lines) + "\n")
+    return summary_lines
+
+
+# =========================================================================== orchestration
+
+
+def parse_list(text: str | None, known: list[str], what: str) -> list[str] | None:
+    if text is None:
+        return None
+    items = [s.strip() for s in text.split(",") if s.strip()]
+    unknown = [s for s in items if s not in known]
+    if unknown or not items:
+        raise SystemExit(f"--{what}: unknown {', '.join(unknown) or '(empty list)'}; known: {', '.join(known)}")
+    return items
+
+
 def orchestrate(args: argparse.Namespace) -> int:
     t_start = time.time()
-    out_dir = Path(args.out).resolve()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    info = ensure_venvs()
-    print(info["install"], flush=True)
     quick = args.quick
     table = workload_table(quick)
-    measured = [n for n, s in table.items() if s["measure"]]
-    use_valgrind = not quick and not args.no_callgrind and shutil.which("valgrind") is not None
+    known = [n for n, s in table.items() if s["measure"]]
+    measured = parse_list(args.workloads, known, "workloads") or known
+    variants = parse_list(args.variants, list(VARIANTS), "variants") or list(QUICK_VARIANTS if quick else DEFAULT_VARIANTS)
+    for need in ("fixes", "disabled", "enabled"):
+        if need not in variants:
+            raise SystemExit(f"--variants must include {need} (the goals compare fixes, disabled and enabled)")
+    variants = [v for v in VARIANTS if v in variants]
+    repeat = args.repeat if args.repeat is not None else ("qwen2_l1" if "qwen2_l1" in measured else measured[0])
+    if repeat != "none" and repeat not in measured:
+        raise SystemExit(f"--repeat {repeat}: not among the measured workloads ({', '.join(measured)}) or 'none'")
+    out_dir = Path(args.out).resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    info = ensure_venvs(variants)
+    print(f"series {info['series_hash'][:12]} ({info['patches']} patches); fixes-only baseline: "
+          f"{', '.join(info['fixes']) or 'none'}", flush=True)
+    use_valgrind = not quick and not args.no_callgrind
+    if use_valgrind and shutil.which("valgrind") is None:
+        raise SystemExit("valgrind is not installed: install it (apt-get install valgrind) or pass --no-callgrind")
 
-    # --- nodes per workload (dynamo graph, flag off)
-    nodes = spawn("patched", {"mode": "nodes", "quick": quick, "workloads": measured})
-    print(f"nodes: {nodes}", flush=True)
+    # --- nodes per workload and variant (Dynamo graphs): every variant must compile the same graphs
+    nodes: dict[str, dict[str, int]] = {}
+    for venv in dict.fromkeys(VENV_OF.get(v, "whole") for v in variants):
+        vs = [v for v in variants if VENV_OF.get(v, "whole") == venv]
+        nodes.update(spawn(vs[0], {"mode": "nodes", "quick": quick, "variants": vs, "workloads": measured}))
+    print(f"nodes: {nodes['disabled']}", flush=True)
 
-    # --- callgrind: two at a time
-    instr: dict[tuple[str, str], int] = {}
+    # --- instructions: one measured compile per process
+    instr: dict[tuple[str, str, int], int] = {}
     if use_valgrind:
-        cg_dir = BENCH_DIR / "callgrind"
-        cg_dir.mkdir(parents=True, exist_ok=True)
-        names = [n for n in measured if table[n]["callgrind"]]
-        # One valgrind process per variant group (importing torch under valgrind takes minutes). The
-        # unpatched process compiles each workload twice, like the disabled/enabled one, so that the
-        # history before each measured compile is the same; its second count shows the noise.
-        jobs = [("patched-a", "patched", ["disabled", "enabled"]),
-                ("patched-b", "patched", ["disabled_b", "prototype", "no_stack_trace"]),
-                ("unpatched", "unpatched", ["unpatched", "unpatched_repeat"])]
-        with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
-            futs = [pool.submit(callgrind_job, tag, venv, variants, names, quick, cg_dir, args.reuse_callgrind)
-                    for tag, venv, variants in jobs]
-            for f in futs:
-                for r in f.result():
-                    instr[(r["workload"], r["variant"])] = r["instructions"]
+        key = json.dumps([info["series_hash"], info["fixes_hash"], git_commit()])
+        instr = measure_instructions(variants, measured, repeat, quick, args.jobs, key, args.reuse_callgrind)
         print(f"callgrind done at {time.time() - t_start:.0f}s", flush=True)
 
-    # --- wall clock (sequential: nothing else running)
-    wall: dict[str, dict[str, list[float]]] = {n: {} for n in measured}
-    reps = 1 if quick else args.reps
-    res = spawn("patched", {"mode": "wall", "quick": quick, "variants": list(PATCHED_VARIANTS),
-                            "workloads": measured, "reps": reps})
-    for n in measured:
-        wall[n].update(res["times"][n])
-    rounds = 1 if quick else args.reps
-    cross: dict[str, dict[str, list[float]]] = {n: {"unpatched": [], "disabled_x": []} for n in measured}
-    for _ in range(rounds):
-        for venv, v, key in (("unpatched", "unpatched", "unpatched"), ("patched", "disabled", "disabled_x")):
-            res = spawn(venv, {"mode": "wall", "quick": quick, "variants": [v], "workloads": measured,
-                               "reps": 1})
-            for n in measured:
-                cross[n][key] += res["times"][n][v]
+    # --- wall clock: the whole series' variants interleaved in one process
+    whole = [v for v in variants if VENV_OF.get(v, "whole") == "whole"]
+    wall = spawn("disabled", {"mode": "wall", "quick": quick, "variants": whole, "workloads": measured,
+                              "reps": 1 if quick else args.reps})["times"]
     print(f"wall clock done at {time.time() - t_start:.0f}s", flush=True)
 
     # --- memory
-    memory = spawn("patched", {"mode": "memory", "quick": quick, "workloads": measured})
+    memory = spawn("disabled", {"mode": "memory", "quick": quick, "workloads": measured})
     print(f"memory done at {time.time() - t_start:.0f}s", flush=True)
 
-    # --- rows
-    import importlib.metadata as md  # noqa: F401  (torch version comes from the venv)
-
-    torch_version = subprocess.run([str(venv_python(VENVS["patched"])), "-c", "import torch; print(torch.__version__)"],
+    torch_version = subprocess.run([str(venv_python(VENVS["whole"])), "-c", "import torch; print(torch.__version__)"],
                                    capture_output=True, text=True).stdout.strip()
     meta = {
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
@@ -667,266 +986,60 @@ def orchestrate(args: argparse.Namespace) -> int:
         "commit": git_commit(),
         "series_hash": info["series_hash"],
         "patches": info["patches"],
+        "fixes": " ".join(info["fixes"]),
         "mode": "quick" if quick else "full",
-        "valgrind": subprocess.run(["valgrind", "--version"], capture_output=True, text=True).stdout.strip()
-        if use_valgrind else "not run",
+        "valgrind": (subprocess.run(["valgrind", "--version"], capture_output=True, text=True).stdout.strip()
+                     + ", `--collect-atstart=no`, one measured compile per process, `PYTHONHASHSEED=0`, "
+                     + ("address randomization off (`setarch -R`)" if no_aslr_prefix() else
+                        "address randomization ON (setarch -R not allowed here: expect a ~0.05% floor)"))
+        if use_valgrind else "not measured (no valgrind in this mode)",
     }
     rows = []
     for n in measured:
-        w = wall[n]
         mem = memory[n]
-        ret = mem["retained"]
-        mem_nodes = mem["nodes"].get("enabled") or mem["nodes"].get("disabled") or 0
-        delta_mem = statistics.mean(ret["enabled"]) - statistics.mean(ret["disabled"])
-        base_instr = instr.get((n, "disabled"))
-        for v in VARIANTS:
-            i = instr.get((n, v))
-            row = {
-                "workload": n, "family": table[n]["family"], "nodes": nodes[n], "variant": v,
-                "instructions": i if i is not None else "",
-                "instr_vs_disabled_pct": fmt(pct(i, base_instr), ".4f") if v != "disabled" else "",
-                "instr_delta_per_node": fmt((i - base_instr) / nodes[n], ".1f")
-                if i is not None and base_instr is not None and v != "disabled" else "",
-                "wall_ratio_vs_disabled": "",
-                "wall_pairs": "",
-                "mem_bytes_per_node_vs_disabled": "",
-                "mem_retained_bytes": "",
-                "mem_attributed_bytes_per_node": "",
-                "mem_nodes": mem_nodes,
-            }
-            if v == "unpatched":
-                r = median_pair_ratio(cross[n]["unpatched"], cross[n]["disabled_x"])
-                row["wall_ratio_vs_disabled"] = fmt(r, ".4f")
-                row["wall_pairs"] = len(cross[n]["unpatched"])
-            elif v in w and v != "disabled":
-                row["wall_ratio_vs_disabled"] = fmt(median_pair_ratio(w[v], w["disabled"]), ".4f")
-                row["wall_pairs"] = len(w[v])
-            if v == "enabled":
-                row["mem_bytes_per_node_vs_disabled"] = fmt(delta_mem / mem_nodes if mem_nodes else None, ".2f")
-                row["mem_retained_bytes"] = int(statistics.mean(ret["enabled"]))
-                if mem["attributed"] and mem_nodes:
-                    row["mem_attributed_bytes_per_node"] = fmt(statistics.mean(mem["attributed"]) / mem_nodes,
-                                                               ".2f")
-            if v == "disabled":
-                row["mem_retained_bytes"] = int(statistics.mean(ret["disabled"]))
-                row["wall_pairs"] = len(w["disabled"])
+        for v in variants:
+            row: dict[str, Any] = {"workload": n, "family": table[n]["family"], "variant": v, "nodes": nodes[v][n],
+                                   "instructions": instr.get((v, n, 1), ""),
+                                   "instructions_repeat": instr.get((v, n, 2), "")}
+            if v in wall[n] and v != "disabled":
+                row["wall_ratio_vs_disabled"] = fmt(median_pair_ratio(wall[n][v], wall[n]["disabled"]), ".4f")
+            if v in wall[n]:
+                row["wall_pairs"] = len(wall[n][v])
+            if v in ("disabled", "enabled"):
+                row["mem_retained_bytes"] = round(statistics.mean(mem["retained"][v]))
+                row["mem_nodes"] = mem["nodes"].get(v, "")
+            if v == "enabled" and mem["attributed"] and mem["nodes"].get(v):
+                row["mem_attributed_bytes_per_node"] = f"{statistics.mean(mem['attributed']) / mem['nodes'][v]:.2f}"
             row.update(meta)
             rows.append(row)
     write_csv(out_dir, rows)
-    render_from_csv(out_dir)
+    lines = render_from_csv(out_dir)
+    print("\n".join(lines))
     print(f"wrote {out_dir / 'overhead.md'} and {out_dir / 'overhead.csv'} in {time.time() - t_start:.0f}s")
     return 0
-
-
-CSV_FIELDS = ["workload", "family", "nodes", "variant", "instructions", "instr_vs_disabled_pct",
-              "instr_delta_per_node", "wall_ratio_vs_disabled", "wall_pairs", "mem_bytes_per_node_vs_disabled",
-              "mem_retained_bytes", "mem_attributed_bytes_per_node", "mem_nodes", "date", "machine", "torch", "commit", "series_hash", "patches",
-              "mode", "valgrind"]
-
-
-def write_csv(out_dir: Path, rows: list[dict[str, Any]]) -> None:
-    """The raw measurements; render_from_csv derives the comparisons and overhead.md from them."""
-    with open(out_dir / "overhead.csv", "w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=CSV_FIELDS)
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({k: row.get(k, "") for k in CSV_FIELDS})
-
-
-def _num(s: str) -> float | None:
-    try:
-        return float(s)
-    except (TypeError, ValueError):
-        return None
-
-
-def render_from_csv(out_dir: Path) -> None:
-    """Recompute the derived columns of overhead.csv and write overhead.md from its raw values.
-
-    Instruction comparisons are made within one valgrind process and position-matched. Each process
-    compiles each workload several times in a row (disabled then enabled; disabled_b, prototype and
-    no_stack_trace; unpatched then unpatched again), and a later compile of the same code is cheaper
-    (Dynamo's per-code-object caches survive ``torch._dynamo.reset()``). So a variant measured after the
-    first compile is compared with its own process's flag-off count scaled by the position effect measured
-    on the unpatched torch: base = disabled * unpatched_repeat / unpatched (disabled_b for prototype and
-    no_stack_trace: processes differ by a constant offset of up to ~0.7%, which a cross-process
-    comparison would count as overhead).
-    """
-    with open(out_dir / "overhead.csv", newline="") as fh:
-        rows = list(csv.DictReader(fh))
-    by: dict[str, dict[str, dict[str, str]]] = {}
-    order: list[str] = []
-    for r in rows:
-        if r["workload"] not in by:
-            order.append(r["workload"])
-        by.setdefault(r["workload"], {})[r["variant"]] = r
-    second = {"enabled", "prototype", "no_stack_trace", "unpatched_repeat"}
-
-    def ir(n: str, v: str) -> float | None:
-        return _num(by[n].get(v, {}).get("instructions", ""))
-
-    def base(n: str, v: str) -> float | None:
-        own = "disabled_b" if v in ("prototype", "no_stack_trace") else "disabled"
-        d, u, u2 = ir(n, own), ir(n, "unpatched"), ir(n, "unpatched_repeat")
-        if v == "unpatched_repeat":
-            return u
-        if v == "disabled_b":
-            return ir(n, "disabled")
-        if v in second:
-            return None if None in (d, u, u2) else d * u2 / u
-        return d
-
-    for n in order:
-        nodes = int(by[n]["disabled"]["nodes"])
-        for v, r in by[n].items():
-            i, b = ir(n, v), base(n, v)
-            if v != "disabled" and i is not None and b is not None:
-                r["instr_vs_disabled_pct"] = f"{100 * (i - b) / b:.4f}"
-                r["instr_delta_per_node"] = f"{(i - b) / nodes:.1f}"
-    with open(out_dir / "overhead.csv", "w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=CSV_FIELDS)
-        writer.writeheader()
-        for r in rows:
-            writer.writerow({k: r.get(k, "") for k in CSV_FIELDS})
-
-    meta = rows[0]
-
-    def pc(n: str, v: str) -> float | None:
-        return _num(by[n][v]["instr_vs_disabled_pct"]) if v in by[n] else None
-
-    def dn(n: str, v: str) -> float | None:
-        return _num(by[n][v]["instr_delta_per_node"]) if v in by[n] else None
-
-    lines = [
-        "# RFC-0051 call_hierarchy: compile-time overhead",
-        "",
-        f"- date: {meta['date']}; mode: {meta['mode']}",
-        f"- machine: {meta['machine']}",
-        f"- torch: {meta['torch']}; repository commit: `{meta['commit']}`; "
-        f"series hash: `{meta['series_hash'][:16]}` ({meta['patches']} patches)",
-        f"- instructions: {meta['valgrind']}, `--collect-atstart=no`, `torch._C._valgrind_toggle()` around the "
-        "compile only, `PYTHONHASHSEED=0`",
-        "- reproduce: `python3 -m scripts.benchmark_overhead` (builds build/bench/venv-base and "
-        "build/bench/venv-0051 on first use; `--quick` for CI)",
-        "",
-        "## Instructions (callgrind), wall clock and memory, relative to `disabled`",
-        "",
-        "Ir = instructions of the compile (patched torch, flag off); `x vs disabled` = (x - disabled) / disabled, "
-        "position-matched (see Method); Δ/node = extra instructions per Dynamo FX node; stack_trace = share of "
-        "the compile spent building `stack_trace` today (disabled - no_stack_trace); design/prototype = ratio "
-        "of the extra instructions; repeat = unpatched compiled a second time vs the first (the position "
-        "effect that the matching removes); wall = median of interleaved pair ratios; memory = retained bytes "
-        "per FX node, enabled - disabled (whole heap, noise of a few KB per compile); objects = of those, the "
-        "bytes allocated by the call_hierarchy modules (entries, tuples, paths) per node. n/a = not measured "
-        "in this mode or for this size.",
-        "",
-        "| workload | nodes | Ir disabled | disabled vs unpatched | enabled vs disabled | enabled Δ/node "
-        "| prototype vs disabled | prototype Δ/node | stack_trace | design / prototype | repeat "
-        "| wall enabled | wall prototype | wall unpatched | memory B/node | objects B/node |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for n in order:
-        r = by[n]
-        d = ir(n, "disabled")
-        st = pc(n, "no_stack_trace")
-        e_d, p_d = dn(n, "enabled"), dn(n, "prototype")
-        ratio = None if e_d is None or not p_d else e_d / p_d
-        un = _num(r["unpatched"]["wall_ratio_vs_disabled"])
-        lines.append(
-            f"| {n} | {r['disabled']['nodes']} | {fmt(d, ',.0f')} | "
-            f"{fmt(None if pc(n, 'unpatched') is None else -pc(n, 'unpatched') / (1 + pc(n, 'unpatched') / 100), '+.3f', '%')} "
-            f"| {fmt(pc(n, 'enabled'), '+.3f', '%')} | {fmt(e_d, '.0f')} | {fmt(pc(n, 'prototype'), '+.2f', '%')} "
-            f"| {fmt(p_d, '.0f')} | {fmt(None if st is None else -st, '.1f', '%')} | {fmt(ratio, '.3f')} "
-            f"| {fmt(pc(n, 'unpatched_repeat'), '+.3f', '%')} "
-            f"| {fmt(_num(r['enabled']['wall_ratio_vs_disabled']), '.3f')} "
-            f"| {fmt(_num(r['prototype']['wall_ratio_vs_disabled']), '.3f')} "
-            f"| {fmt(None if not un else 1 / un, '.3f')} "
-            f"| {fmt(_num(r['enabled']['mem_bytes_per_node_vs_disabled']), '.1f')} "
-            f"| {fmt(_num(r['enabled'].get('mem_attributed_bytes_per_node', '')), '.1f')} |"
-        )
-    lines += ["", "## Targets", ""]
-    du = [(n, -pc(n, "unpatched") / (1 + pc(n, "unpatched") / 100)) for n in order if pc(n, "unpatched") is not None]
-    ed = [(n, pc(n, "enabled")) for n in order if pc(n, "enabled") is not None]
-    if du:
-        w = max(du, key=lambda t: abs(t[1]))
-        up = max(du, key=lambda t: t[1])
-        rep = [abs(pc(n, "unpatched_repeat")) for n in order if pc(n, "unpatched_repeat") is not None]
-        lines.append(f"- disabled vs unpatched within 0.1% instructions: {'met' if abs(w[1]) <= 0.1 else 'MISSED'} "
-                     f"(largest |Δ| {w[1]:+.4f}% on {w[0]}; largest increase {up[1]:+.4f}% on {up[0]}; "
-                     f"noise floor: unpatched vs itself up to {max(rep):.3f}%)")
-    else:
-        lines.append("- disabled vs unpatched: no instruction counts in this run")
-    if ed:
-        w = max(ed, key=lambda t: t[1])
-        verdict = ("met, stretch 0.5% met" if w[1] <= 0.5 else "met, stretch 0.5% missed" if w[1] <= 1
-                   else "MISSED")
-        lines.append(f"- enabled vs disabled at most 1%: {verdict} (largest {w[1]:+.4f}% on {w[0]})")
-        over = [f"{n} ({v:+.3f}%)" for n, v in ed if v > 0.5]
-        if over:
-            lines.append(f"  - over 0.5%: {', '.join(over)}")
-    else:
-        lines.append("- enabled vs disabled: no instruction counts in this run")
-    mem = [(n, _num(by[n]["enabled"]["mem_bytes_per_node_vs_disabled"]), by[n]["enabled"]["mem_nodes"])
-           for n in order]
-    mem = [t for t in mem if t[1] is not None]
-    if mem:
-        w = max(mem, key=lambda t: t[1])
-        lines.append(f"- memory at most 16 B/node: {'met' if w[1] <= 16 else 'MISSED'} "
-                     f"(largest {w[1]:.1f} B/node on {w[0]}, {w[2]} nodes in its graphs)")
-        objs = [(n, _num(by[n]["enabled"].get("mem_attributed_bytes_per_node", ""))) for n in order]
-        objs = [t for t in objs if t[1] is not None]
-        if objs:
-            lines.append("  - objects B/node (entries, tuples, paths): " + ", ".join(
-                f"{n} {v:.1f}" for n, v in objs))
-    lines += [
-        "",
-        "## Method",
-        "",
-        "- Variants: `unpatched` = torch 2.13.0 wheel; `disabled`/`enabled` = the series installed, "
-        "`record_call_hierarchy` False/True; `prototype` = flag off plus the original RFC's per-node walk of the "
-        "translator chain building a list of dicts (a wrapper around `SubgraphTracer.create_proxy`); "
-        "`no_stack_trace` = flag off with `SubgraphTracer.create_node` recompiled from its own source plus "
-        "`node.meta[\"stack_trace\"] = \"\"`, which skips the existing stack_trace block of `create_proxy`.",
-        "- Instructions: three valgrind processes (importing torch under valgrind takes minutes, so not one "
-        "per measurement): [disabled, enabled], [disabled again, prototype, no_stack_trace] on the patched torch and "
-        "[unpatched, unpatched again] on the wheel. Each first compiles two tiny different functions "
-        "(inference and training) so that lazy imports are not counted, then per workload one unmeasured "
-        "priming compile (Dynamo's per-code-object caches survive `reset()`) and per variant: "
-        "`torch._dynamo.reset()`, `gc.collect()`, model construction, and the bracketed compile with the cyclic "
-        "GC off (the first call; for training also `backward()`, so AOTAutograd's forward/backward graphs and "
-        "the backward metadata copy are included). A full GC collection landing in one compile and not in "
-        "another moved counts by up to 9% in a first attempt, hence GC off. Each variant is compared with the "
-        "flag-off count of its own process (processes differ by a constant offset of up to ~0.7%); variants "
-        "measured after the first compile with `disabled * unpatched_again / unpatched` (column `repeat` shows that "
-        "position effect; it is ~0 with priming). The largest sizes "
-        "(wide_w500, qwen2_l2, qwen2_l4) and the middle depth (d8) are measured for wall clock and memory only.",
-        "- Wall clock: in one process the four patched variants are interleaved (A B C D A B C D ...) per "
-        "workload and each ratio is the median over rounds of (variant / disabled); unpatched vs disabled "
-        "alternates whole processes. This machine is shared, so wall numbers are a second view only.",
-        "- Memory: `tracemalloc` current size with the graph modules of one compile held, minus after "
-        "releasing them (Dynamo reset before), i.e. what the retained graph modules (Dynamo's graph and, for "
-        "training, AOT forward/backward) pin; enabled minus disabled, mean of two runs each (order D E E D), "
-        "divided by the number of nodes in those graphs.",
-    ]
-    (out_dir / "overhead.md").write_text("\n".join(lines) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python3 -m scripts.benchmark_overhead", description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="tiny workloads, no valgrind (CI)")
     ap.add_argument("--out", default=str(ROOT / "results" / "overhead"), help="output folder")
-    ap.add_argument("--jobs", type=int, default=3, help="valgrind processes at a time")
+    ap.add_argument("--workloads", metavar="A,B", help="comma-separated subset of the workloads (default: all)")
+    ap.add_argument("--variants", metavar="A,B", help=f"comma-separated, from {', '.join(VARIANTS)} "
+                    f"(default: {','.join(DEFAULT_VARIANTS)}; --quick: {','.join(QUICK_VARIANTS)})")
+    ap.add_argument("--repeat", metavar="WORKLOAD", help="measure `disabled` of this workload in a second valgrind "
+                    "process too, for the noise floor (default: qwen2_l1 if measured, else the first; 'none')")
+    ap.add_argument("--jobs", type=int, default=2, help="valgrind processes at a time (default 2)")
     ap.add_argument("--reps", type=int, default=5, help="interleaved wall-clock rounds")
     ap.add_argument("--no-callgrind", action="store_true", help="skip the instruction counts")
     ap.add_argument("--reuse-callgrind", action="store_true",
-                    help="use complete callgrind dumps left in build/bench/callgrind by an earlier run")
+                    help="reuse callgrind outputs in build/bench/callgrind made for the same series and commit")
     ap.add_argument("--render", metavar="DIR", help="only rewrite DIR/overhead.md from DIR/overhead.csv")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
         return worker_main(args.worker)
     if args.render:
-        render_from_csv(Path(args.render))
+        print("\n".join(render_from_csv(Path(args.render))))
         return 0
     return orchestrate(args)
 

@@ -1,7 +1,8 @@
-"""The overhead benchmark's --quick mode (CI): it runs end to end and writes the table and CSV.
+"""The overhead benchmark: its goal checks (from synthetic rows), its fixes-only baseline, and the --quick
+mode (CI) end to end.
 
-No timing is asserted. The first run builds build/bench/venv-base and build/bench/venv-0051
-(pip install of the pinned torch/transformers from the local wheels); later runs reuse them.
+No timing is asserted. The first quick run builds build/bench/venv-{fixes,whole} with
+`scripts.series setup` (pip install of the pinned requirements from the local wheels); later runs reuse them.
 """
 
 from __future__ import annotations
@@ -14,16 +15,123 @@ from pathlib import Path
 import pytest
 
 from scripts import benchmark_overhead as B
+from scripts import series as S
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+# --------------------------------------------------------------------------- goal checks, no torch
+
+
+def rows_for(off_pct: float, on_pct: float, mem_on: int, nodes_on: int = 100) -> list[dict[str, str]]:
+    """Raw rows of one workload: fixes 1e9 Ir, off and on the given percentages above it / above off."""
+    fixes = 1_000_000_000
+    off = round(fixes * (1 + off_pct / 100))
+    on = round(off * (1 + on_pct / 100))
+    base = {f: "" for f in B.CSV_FIELDS}
+
+    def row(variant: str, **kw: object) -> dict[str, str]:
+        return dict(base, workload="w", variant=variant, nodes="100", **{k: str(v) for k, v in kw.items()})
+
+    return [row("unpatched", instructions=fixes + 5000), row("fixes", instructions=fixes),
+            row("disabled", instructions=off, instructions_repeat=off + 10_000, mem_retained_bytes=100_000,
+                mem_nodes=100),
+            row("enabled", instructions=on, mem_retained_bytes=mem_on, mem_nodes=nodes_on)]
+
+
+def summary_of(rows: list[dict[str, str]]) -> str:
+    B.derive(rows)
+    return "\n".join(B.summary(rows))
+
+
+def test_goals_met() -> None:
+    text = summary_of(rows_for(off_pct=0.04, on_pct=0.2, mem_on=100_900))
+    assert "**Flag off vs fixes only** (goal < 0.05% of compile instructions): met" in text
+    assert "**Flag on vs off** (goal <= 0.25% on every workload): met" in text
+    assert "retain): met. Largest 0.90% on w (9.0 B/node" in text
+    assert "+0.0010% on w" in text  # the repeat: 10 Ir of 1.0004e9
+    assert "Same FX graphs (node counts) in every variant: yes" in text
+
+
+def test_goals_missed() -> None:
+    rows = rows_for(off_pct=0.06, on_pct=0.3, mem_on=101_100)
+    rows[3]["nodes"] = "101"
+    text = summary_of(rows)
+    assert "compile instructions): MISSED. Largest increase +0.0600% on w (+6000 Ir/node)" in text
+    assert "every workload): MISSED" in text and "over the goal: w +0.300%" in text
+    assert "retain): MISSED. Largest 1.10% on w" in text
+    assert "NO, differ on w" in text
+
+
+def test_goal_not_resolved_above_the_noise_floor() -> None:
+    rows = rows_for(off_pct=0.01, on_pct=0.1, mem_on=100_000)
+    rows[2]["instructions_repeat"] = str(round(int(rows[2]["instructions"]) * 1.0006))
+    assert "compile instructions): NOT RESOLVED (noise floor 0.0600% >= the goal)" in summary_of(rows)
+    rows = rows_for(off_pct=-0.2, on_pct=0.1, mem_on=100_000)
+    assert "met; flag off does measurably less work than fixes only" in summary_of(rows)
+
+
+def test_derive_compares_with_the_right_baseline() -> None:
+    rows = rows_for(off_pct=0.01, on_pct=0.1, mem_on=100_000)
+    B.derive(rows)
+    by = {r["variant"]: r for r in rows}
+    assert by["fixes"]["baseline"] == "unpatched" and float(by["fixes"]["instr_vs_baseline_pct"]) < 0
+    assert by["disabled"]["baseline"] == "fixes" and by["disabled"]["instr_vs_baseline_pct"] == "0.0100"
+    assert by["enabled"]["baseline"] == "disabled" and by["enabled"]["instr_vs_baseline_pct"] == "0.1000"
+    assert by["unpatched"]["instr_vs_baseline_pct"] == ""
+
+
+def test_fix_prefix_stops_at_the_first_patch_whose_diff_mentions_call_hierarchy(tmp_path: Path) -> None:
+    class P:
+        def __init__(self, name: str, message: str, diff: str) -> None:
+            self.path = tmp_path / name
+            self.path.write_text(f"Subject: {message}\n\n---\ndiff --git a/x b/x\n{diff}\n")
+
+    fix_a = P("0001-a.patch", "fix, needed by call_hierarchy later", "+x = 1")  # the message does not count
+    fix_b = P("0002-b.patch", "fix", "+y = 2")
+    feature = P("0003-c.patch", "feature", "+meta['call_hierarchy'] = h")
+    late_fix = P("0004-d.patch", "flag-free but above the feature", "+z = 3")
+    assert B.fix_prefix([fix_a, fix_b, feature, late_fix]) == [fix_a, fix_b]
+    assert B.fix_prefix([feature, fix_a]) == []
+
+
+def test_fix_prefix_of_this_series() -> None:
+    layout = S.Layout(ROOT)
+    patches = S.load_series(layout.patches)
+    fixes = B.fix_prefix(patches)
+    assert len(fixes) < len(patches)
+    assert B.HIERARCHY_MODULE in patches[len(fixes)].path.read_text()
+    for p in fixes:
+        text = p.path.read_text()
+        assert B.HIERARCHY_MODULE not in text[text.index("\ndiff --git "):], p.name
+
+
+def test_bad_lists_are_named() -> None:
+    with pytest.raises(SystemExit, match="unknown qwen2_l9; known: a, b"):
+        B.parse_list("a,qwen2_l9", ["a", "b"], "workloads")
+    assert B.parse_list("b, a", ["a", "b"], "workloads") == ["b", "a"]
+
+
+def test_full_workloads_are_the_chosen_set() -> None:
+    full = {n for n, s in B.workload_table(quick=False).items() if s["measure"]}
+    assert full == {"qwen2_l1", "qwen2_train_l1", "nested_modules_d1", "nested_modules_d24", "helper_chain_d1",
+                    "helper_chain_d24", "wide_w100"}
+
+
+def test_venv_folder_names_have_the_same_length() -> None:
+    assert len({len(v.name) for v in B.VENVS.values()}) == 1
+
+
+# --------------------------------------------------------------------------- --quick end to end
 
 
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("overhead")
     proc = subprocess.run([sys.executable, "-m", "scripts.benchmark_overhead", "--quick", "--out", str(out)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=900)
+                          cwd=ROOT, capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "Same FX graphs (node counts) in every variant" in proc.stdout
     return out
 
 
@@ -34,25 +142,41 @@ def test_csv_structure(quick_run: Path) -> None:
         rows = list(reader)
     workloads = [n for n, s in B.workload_table(quick=True).items() if s["measure"]]
     assert {r["workload"] for r in rows} == set(workloads)
-    assert {r["variant"] for r in rows} == set(B.VARIANTS)
-    assert len(rows) == len(workloads) * len(B.VARIANTS)
+    assert {r["variant"] for r in rows} == set(B.QUICK_VARIANTS)
+    assert len(rows) == len(workloads) * len(B.QUICK_VARIANTS)
+    fixes = " ".join(p.name for p in B.fix_prefix(S.load_series(S.Layout(ROOT).patches)))
     for row in rows:
         assert int(row["nodes"]) > 0
-        assert row["mode"] == "quick"
+        assert row["mode"] == "quick" and row["instructions"] == ""
         assert row["torch"].startswith("2.13.0")
         assert len(row["series_hash"]) == 64
         assert row["commit"] != ""
+        assert row["fixes"] == fixes
         if row["variant"] == "enabled":
-            float(row["mem_bytes_per_node_vs_disabled"])
             assert float(row["wall_ratio_vs_disabled"]) > 0
-        if row["variant"] in ("prototype", "no_stack_trace", "unpatched"):
-            assert float(row["wall_ratio_vs_disabled"]) > 0
+            # the flag really records: hierarchy objects are retained with the graphs
+            assert float(row["mem_attributed_bytes_per_node"]) > 0
+            float(row["mem_share_pct"])
+        if row["variant"] == "disabled":
+            assert int(row["mem_retained_bytes"]) > 0
+
+
+def test_every_variant_compiles_the_same_graphs(quick_run: Path) -> None:
+    with open(quick_run / "overhead.csv", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    for name in {r["workload"] for r in rows}:
+        counts = {r["variant"]: r["nodes"] for r in rows if r["workload"] == name}
+        assert len(set(counts.values())) == 1, (name, counts)
 
 
 def test_markdown_structure(quick_run: Path) -> None:
     text = (quick_run / "overhead.md").read_text()
     for needle in ("# RFC-0051 call_hierarchy: compile-time overhead", "- machine:", "- torch: 2.13.0",
-                   "series hash:", "## Targets", "## Method", "memory at most 16 B/node"):
+                   "series hash:", "- fixes-only baseline:", "## Summary", "## Per workload", "## Method",
+                   "Flag off vs fixes only (goal < 0.05%): no instruction counts in this run",
+                   "Flag on vs off (goal <= 0.25%): no instruction counts in this run",
+                   "**Memory, flag on vs off** (goal <= 1.0% of the bytes the compiled graphs retain)",
+                   "Same FX graphs (node counts) in every variant: yes"):
         assert needle in text, needle
     header = next(line for line in text.splitlines() if line.startswith("| workload |"))
     cols = header.count("|") - 1
@@ -61,8 +185,12 @@ def test_markdown_structure(quick_run: Path) -> None:
     assert all(line.count("|") - 1 == cols for line in table)
 
 
-def test_no_stack_trace_rewrite_and_prototype_build() -> None:
-    """The monkeypatches are built from the installed torch's own source (checked without compiling)."""
-    pytest.importorskip("torch")
+def test_variant_refuses_the_wrong_torch() -> None:
+    """The monkeypatches are built from the installed torch's own source, and a variant never runs on a
+    torch that cannot be it."""
+    torch = pytest.importorskip("torch")
     variant = B.Variant()
     assert callable(variant.no_st_create_node) and callable(variant.proto_create_proxy)
+    patched = hasattr(torch._dynamo.config, "record_call_hierarchy")
+    with pytest.raises(RuntimeError, match="needs a torch without" if patched else "needs the whole series"):
+        variant.set("fixes" if patched else "enabled")
