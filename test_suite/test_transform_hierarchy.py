@@ -476,6 +476,9 @@ def compile_inductor_kernels(workload: models.Workload, train: bool = False) -> 
     rows: list[str] = []
 
     def inner_compile(gm: torch.fx.GraphModule, example_inputs: Any, **kwargs: Any) -> Any:
+        # compile_fx resets the provenance dict around the forward compile only; a lazily compiled
+        # backward runs outside it and would see what earlier compiles left in the process
+        inductor_debug._inductor_triton_kernel_to_post_grad_node_info.clear()
         compiled = compile_fx_inner(gm, example_inputs, **kwargs)
         origins = list(inductor_debug._inductor_triton_kernel_to_post_grad_node_info.values())
         kernels = _kernels(gm, bool(kwargs.get("is_backward")))

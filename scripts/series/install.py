@@ -237,16 +237,26 @@ def install_state(sp: Path, series: list[Patch], pinned: str, through: str | Non
 
 @contextlib.contextmanager
 def deferred_signals() -> Iterator[None]:
-    """Hold SIGINT/SIGTERM until the block is done (Ctrl-C then lands after the switch, not in it)."""
-    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "pthread_sigmask"):
+    """Hold SIGINT/SIGTERM until the block is done (Ctrl-C then lands after the switch, not in it).
+
+    Python handlers that only record the signal, then the original handlers and the signals again:
+    blocking them with pthread_sigmask would hold them only in this thread, and a process-directed
+    signal is delivered to any thread that does not block it (torch's worker threads), whose C-level
+    handler then raises KeyboardInterrupt in the main thread inside the block."""
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
-    sigs = {signal.SIGINT, signal.SIGTERM}
-    signal.pthread_sigmask(signal.SIG_BLOCK, sigs)
+    received: list[int] = []
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    for sig in previous:
+        signal.signal(sig, lambda signum, frame: received.append(signum))
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, sigs)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+        for sig in dict.fromkeys(received):
+            signal.raise_signal(sig)
 
 
 def write_atomic(path: Path, data: bytes) -> None:
