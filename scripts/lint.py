@@ -39,18 +39,8 @@ Reader = Callable[[str], bytes | None]
 
 def series_py_files(patches: list[series.Patch]) -> tuple[list[str], list[str]]:
     """(every .py file the series leaves under torch/ or test/, the ones it creates)."""
-    final: dict[str, bool] = {}
-    created: set[str] = set()
-    for patch in patches:
-        for c in patch.changes:
-            if c.old_path and c.old_path != c.new_path:
-                final[c.old_path] = False
-            if c.new_path:
-                final[c.new_path] = True
-                if c.old_path is None:
-                    created.add(c.new_path)
-    files = [p for p, alive in final.items()
-             if alive and p.endswith(".py") and p.startswith(("torch/", "test/"))]
+    paths, created = series.final_paths(patches)
+    files = [p for p in paths if p.endswith(".py") and p.startswith(("torch/", "test/"))]
     return files, [p for p in files if p in created]
 
 

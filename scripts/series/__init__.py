@@ -33,7 +33,7 @@ from .install import (
     read_stamp, record_hashes, revert, roll_back, site_packages, switch, torch_paths,
 )
 from .patches import (
-    INTEGRITY, FileChange, Patch, describe_patches, integrity_text, load_series, parse_patch, post_images,
+    INTEGRITY, FileChange, Patch, describe_patches, final_paths, integrity_text, load_series, parse_patch, post_images,
     prefix_length, series_hash, series_names, verify_integrity, verify_postimages, write_integrity,
 )
 from .radar import offset_files, radar

@@ -151,6 +151,21 @@ def load_series(patches_dir: Path, verify: bool = True) -> list[Patch]:
     return [parse_patch(patches_dir / n) for n in names]
 
 
+def final_paths(series: list[Patch]) -> tuple[list[str], set[str]]:
+    """(the paths the series leaves in the tree, in first-touched order; the ones it creates)."""
+    final: dict[str, bool] = {}
+    created: set[str] = set()
+    for patch in series:
+        for c in patch.changes:
+            if c.old_path and c.old_path != c.new_path:
+                final[c.old_path] = False
+            if c.new_path:
+                final[c.new_path] = True
+                if c.old_path is None:
+                    created.add(c.new_path)
+    return [p for p, alive in final.items() if alive], created
+
+
 def series_hash(series: list[Patch]) -> str:
     h = hashlib.sha256()
     for p in series:

@@ -10,19 +10,12 @@ import tempfile
 from pathlib import Path
 
 from .git import SeriesError, git, init_repo, isolated_env
-from .patches import Patch
+from .patches import Patch, final_paths
 
 
 def upstream_test_files(series: list[Patch]) -> list[str]:
-    final: dict[str, bool] = {}
-    for patch in series:
-        for c in patch.changes:
-            if c.old_path and c.old_path != c.new_path:
-                final[c.old_path] = False
-            if c.new_path:
-                final[c.new_path] = True
-    return [p for p, alive in final.items()
-            if alive and p.startswith("test/") and re.fullmatch(r"test_\w+\.py", Path(p).name)]
+    return [p for p in final_paths(series)[0]
+            if p.startswith("test/") and re.fullmatch(r"test_\w+\.py", Path(p).name)]
 
 
 def extract_tests(series: list[Patch], dest: Path) -> None:
