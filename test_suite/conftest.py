@@ -6,9 +6,11 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import os
 import subprocess
+import tempfile
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -54,6 +56,21 @@ def git(cwd: Path, *args: str) -> str:
 def tree_hashes(root: Path) -> dict[str, str]:
     return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
             for p in sorted(root.rglob("*")) if p.is_file() and ".git" not in p.parts}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def inductor_cache() -> Iterator[None]:
+    """Inductor's cache for this run only (the compiles here and in their subprocesses), deleted at the
+    end: the default /tmp/torchinductor_<user> grows by hundreds of MB a run, and CI's disk is small."""
+    if "TORCHINDUCTOR_CACHE_DIR" in os.environ:
+        yield
+        return
+    with tempfile.TemporaryDirectory(prefix="inductor-cache-") as folder:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = folder
+        try:
+            yield
+        finally:
+            del os.environ["TORCHINDUCTOR_CACHE_DIR"]
 
 
 @pytest.fixture(autouse=True)

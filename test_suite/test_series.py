@@ -582,6 +582,32 @@ def test_matrix_venvs_and_pins(series_layout: S.Layout, tmp_path: Path) -> None:
         S.pinned_requirements(req, S.UPSTREAM_TEST_REQUIREMENTS)
 
 
+def test_seeded_venv_shares_files_and_switching_it_leaves_the_source_alone(series_layout: S.Layout,
+                                                                          base_wheel: Path) -> None:
+    """A second 3.11 venv is hard links to .venv's site-packages (CI's disk is small); installing another
+    prefix of the series into it replaces files there and never writes through a link into .venv."""
+    root = series_layout.root
+    src = install_wheel(base_wheel, root / ".venv")
+    S.install(src, S.load_series(series_layout.patches), "2.13.0")
+    (root / ".venv" / ".workbench-requirements").write_text("want\n")
+    before = tree_hashes(src)
+    other = root / "build" / "venv-fixes"
+    dst = other / "lib" / "python3.11" / "site-packages"
+    dst.mkdir(parents=True)
+    (dst / "pip").mkdir()  # what `python -m venv` puts there: replaced by the seed
+    S.seed_from(root / ".venv", other, "stale")  # .venv has other requirements: pip's job
+    assert list(dst.iterdir()) == [dst / "pip"] and not (other / ".workbench-requirements").exists()
+    S.seed_from(root / ".venv", other, "want")
+    assert (other / ".workbench-requirements").read_text() == "want\n"
+    assert tree_hashes(dst) == before
+    lib = "torch/lib/libtorch_fake.so"
+    assert (dst / lib).stat().st_ino == (src / lib).stat().st_ino
+    print(S.install(dst, S.load_series(series_layout.patches), "2.13.0", through="0001"))
+    assert S.install_state(dst, S.load_series(series_layout.patches), "2.13.0", "0001").state == "current"
+    assert tree_hashes(src) == before  # .venv still holds the whole series
+    assert S.install_state(src, S.load_series(series_layout.patches), "2.13.0").state == "current"
+
+
 # --------------------------------------------------------------------------- issue 15: integrity, atomic install
 
 

