@@ -44,6 +44,17 @@ def series_py_files(patches: list[series.Patch]) -> tuple[list[str], list[str]]:
     return files, [p for p in files if p in created]
 
 
+# Left behind by editors, merges and `git am --reject`: never part of a reviewable PR.
+STRAY_FILE = re.compile(r"(\.(bak|orig|rej|swp|pyc)|~)$")
+
+
+def stray_files(patches: list[series.Patch]) -> list[str]:
+    """The files the series leaves in the tree that are editor or merge leftovers, as findings."""
+    paths, _ = series.final_paths(patches)
+    return [f"{p}: an editor or merge leftover in the series; remove it in the workspace and export"
+            for p in paths if STRAY_FILE.search(p)]
+
+
 def write_tree(dest: Path, files: list[str], read: Reader) -> list[str]:
     """Write the files that exist in this version under dest with the lint configs; return them."""
     dest.mkdir(parents=True)
@@ -210,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     except series.SeriesError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    new = new_findings(base_findings, findings, shown)
+    new = stray_files(patches) + new_findings(base_findings, findings, shown)
     print(f"lint: {len(patched_files)} files of the series (ruff, ruff format, usort, flake8; "
           f"mypy on {len([f for f in created if f.startswith('torch/')])} new modules): "
           f"{len(findings)} findings, {len(findings) - len(new)} also in the base files, {len(new)} new")

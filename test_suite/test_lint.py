@@ -57,3 +57,18 @@ def test_only_findings_the_base_lacks_are_new() -> None:
                 ("a.py", "ruff:S101", "assert x")]
     shown = ["first F401", "second F401", "S101"]
     assert lint.new_findings(base, findings, shown) == ["second F401", "S101"]
+
+
+def test_leftover_files_in_the_series_are_findings(tmp_path: Path) -> None:
+    from scripts import series
+
+    def patch(name: str, path: str) -> series.Patch:
+        text = (f"From 0 Mon Sep 17 00:00:00 2001\nSubject: [PATCH] x\n\n---\n"
+                f"diff --git a/{path} b/{path}\nnew file mode 100644\nindex 0000000..e69de29\n")
+        (tmp_path / name).write_text(text)
+        return series.parse_patch(tmp_path / name)
+
+    kept = [patch("0001.patch", "test/dynamo/test_call_hierarchy.py"), patch("0002.patch", "torch/fx/x.py.orig")]
+    assert lint.stray_files(kept) == [
+        "torch/fx/x.py.orig: an editor or merge leftover in the series; remove it in the workspace and export"]
+    assert lint.stray_files(kept[:1]) == []
