@@ -38,6 +38,10 @@ Measurements:
   variant, not per workload.
 * wall clock: disabled / enabled (/ prototype / no_stack_trace) interleaved in one process, median of the
   per-round ratios; a second view only on a shared machine.
+* bytecodes (``--bytecodes``): the Python bytecodes of one primed compile, counted per function with
+  ``sys.settrace`` opcode events, for fixes / disabled / enabled (``bytecodes.md``). Exact and repeatable:
+  each difference is code one build runs and the other does not, where two builds' instruction counts
+  also differ by C-level layout (CPython's type attribute cache, the allocator's arenas).
 * memory: ``tracemalloc`` bytes retained by the graph modules of one compile (held minus released),
   enabled minus disabled: per FX node and as a share of the bytes the graphs retain with the flag off.
 
@@ -474,6 +478,78 @@ def worker_memory(job: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def function_key(code: Any) -> str:
+    """`path/inside/site-packages.py:co_name` (the same in every venv), else the file name as it is."""
+    filename = code.co_filename
+    return f"{filename.rpartition('site-packages/')[2]}:{code.co_name}"
+
+
+def count_bytecodes(spec: dict[str, Any]) -> dict[str, int]:
+    """Python bytecodes executed by one compile of the workload, per function (sys.settrace opcode events).
+
+    Exact and repeatable (PYTHONHASHSEED=0): it tells what code the series adds to a compile, function by
+    function, where the instruction count also moves with the C-level layout of two builds (CPython's
+    type attribute cache, the allocator's arenas)."""
+    counts: dict[str, int] = {}
+    keys: dict[Any, str] = {}
+
+    def tracer(frame: Any, event: str, arg: Any) -> Any:
+        frame.f_trace_opcodes = True
+        frame.f_trace_lines = False
+        if event == "opcode":
+            code = frame.f_code
+            key = keys.get(code)
+            if key is None:
+                key = keys[code] = function_key(code)
+            counts[key] = counts.get(key, 0) + 1
+        return tracer
+
+    def around(state: list[int] = [0]) -> None:  # noqa: B006 - the bracket's own call counter
+        sys.settrace(tracer if state[0] == 0 else None)
+        state[0] += 1
+
+    compile_once(spec, around=around)
+    return counts
+
+
+def worker_bytecodes(job: dict[str, Any]) -> dict[str, Any]:
+    """Per workload: the bytecodes of one compile, per function, primed as for callgrind."""
+    table = workload_table(job["quick"])
+    variant = Variant()
+    variant.set(job["variant"])
+    if job["transformers"]:
+        import transformers  # noqa: F401  (imported in every process alike)
+    warm_up(table)
+    out = {}
+    for name in job["workloads"]:
+        compile_once(table[name])  # priming, as for callgrind
+        out[name] = count_bytecodes(table[name])
+    return out
+
+
+def bytecode_report(counts: dict[str, dict[str, dict[str, int]]], top: int = 8) -> list[str]:
+    """bytecodes.md: per workload, flag off vs fixes only and flag on vs off, with the functions that differ."""
+    lines = ["# Python bytecodes executed per compile", "",
+             "One compile per workload, primed as for the instruction counts, every bytecode counted with "
+             "`sys.settrace` opcode events (`PYTHONHASHSEED=0`): exact and repeatable, so each difference is "
+             "code that one build runs and the other does not.", "",
+             "| workload | fixes | flag off | off vs fixes | flag on | on vs off |", "|---|---|---|---|---|---|"]
+    pairs = (("fixes", "disabled"), ("disabled", "enabled"))
+    for name in counts["disabled"]:
+        totals = {v: sum(counts[v][name].values()) for v in ("fixes", "disabled", "enabled")}
+        cells = [f"{totals[v]:,}" for v in ("fixes", "disabled", "enabled")]
+        deltas = [f"{totals[b] - totals[a]:+,} ({100 * (totals[b] - totals[a]) / totals[a]:+.4f}%)" for a, b in pairs]
+        lines.append(f"| {name} | {cells[0]} | {cells[1]} | {deltas[0]} | {cells[2]} | {deltas[1]} |")
+    for a, b in pairs:
+        lines += ["", f"## {b} minus {a}: the functions that differ most", ""]
+        for name in counts["disabled"]:
+            ca, cb = counts[a][name], counts[b][name]
+            diff = sorted(((cb.get(k, 0) - ca.get(k, 0), k) for k in set(ca) | set(cb)), key=lambda t: (-abs(t[0]), t[1]))
+            shown = ", ".join(f"`{k}` {d:+,}" for d, k in diff[:top] if d)
+            lines.append(f"- {name}: {shown or 'no difference'}")
+    return lines
+
+
 def hierarchy_bytes(held: Any, released: Any) -> int:
     """Bytes freed with the graphs that were allocated by the two call_hierarchy modules: the entries,
     tuples and path strings themselves, without the run-to-run noise of the whole-heap difference."""
@@ -496,7 +572,7 @@ def worker_nodes(job: dict[str, Any]) -> dict[str, Any]:
 def worker_main(job_json: str) -> int:
     job = json.loads(job_json)
     mode = {"callgrind": worker_callgrind, "wall": worker_wall, "memory": worker_memory,
-            "nodes": worker_nodes}[job["mode"]]
+            "nodes": worker_nodes, "bytecodes": worker_bytecodes}[job["mode"]]
     result = mode(job)
     Path(job["result"]).write_text(json.dumps(result))
     return 0
@@ -967,6 +1043,17 @@ def orchestrate(args: argparse.Namespace) -> int:
         instr = measure_instructions(variants, measured, repeat, quick, args.jobs, key, args.reuse_callgrind)
         print(f"callgrind done at {time.time() - t_start:.0f}s", flush=True)
 
+    # --- Python bytecodes per function (opt-in): what each variant runs that the other does not
+    if args.bytecodes:
+        jobs = {v: {"mode": "bytecodes", "quick": quick, "variant": v, "workloads": measured,
+                    "transformers": not quick}
+                for v in ("fixes", "disabled", "enabled")}
+        with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
+            futures = {v: pool.submit(spawn, v, job) for v, job in jobs.items()}
+            bytecodes = {v: f.result() for v, f in futures.items()}
+        (out_dir / "bytecodes.md").write_text("\n".join(bytecode_report(bytecodes)) + "\n")
+        print(f"bytecodes done at {time.time() - t_start:.0f}s: {out_dir / 'bytecodes.md'}", flush=True)
+
     # --- wall clock: the whole series' variants interleaved in one process
     whole = [v for v in variants if VENV_OF.get(v, "whole") == "whole"]
     wall = spawn("disabled", {"mode": "wall", "quick": quick, "variants": whole, "workloads": measured,
@@ -1033,6 +1120,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-callgrind", action="store_true", help="skip the instruction counts")
     ap.add_argument("--reuse-callgrind", action="store_true",
                     help="reuse callgrind outputs in build/bench/callgrind made for the same series and commit")
+    ap.add_argument("--bytecodes", action="store_true", help="also count the Python bytecodes of each compile per "
+                    "function (fixes, disabled, enabled): bytecodes.md")
     ap.add_argument("--render", metavar="DIR", help="only rewrite DIR/overhead.md from DIR/overhead.csv")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)

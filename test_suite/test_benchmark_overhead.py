@@ -194,3 +194,20 @@ def test_variant_refuses_the_wrong_torch() -> None:
     patched = hasattr(torch._dynamo.config, "record_call_hierarchy")
     with pytest.raises(RuntimeError, match="needs a torch without" if patched else "needs the whole series"):
         variant.set("fixes" if patched else "enabled")
+
+
+def test_bytecode_report_names_the_functions_that_differ() -> None:
+    counts = {
+        "fixes": {"w": {"a.py:f": 100, "b.py:g": 900}},
+        "disabled": {"w": {"a.py:f": 101, "b.py:g": 900}},
+        "enabled": {"w": {"a.py:f": 101, "b.py:g": 900, "c.py:h": 9}},
+    }
+    text = "\n".join(B.bytecode_report(counts))
+    assert "| w | 1,000 | 1,001 | +1 (+0.1000%) | 1,010 | +9 (+0.8991%) |" in text
+    assert "- w: `a.py:f` +1" in text and "- w: `c.py:h` +9" in text
+
+
+def test_function_key_is_the_same_in_every_venv() -> None:
+    code = compile("pass", "/x/build/bench/venv-fixes/lib/python3.11/site-packages/torch/fx/node.py", "exec")
+    assert B.function_key(code) == "torch/fx/node.py:<module>"
+    assert B.function_key(compile("pass", "<string>", "exec")) == "<string>:<module>"
