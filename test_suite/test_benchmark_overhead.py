@@ -205,6 +205,7 @@ def test_bytecode_report_names_the_functions_that_differ() -> None:
     text = "\n".join(B.bytecode_report(counts))
     assert "| w | 1,000 | 1,001 | +1 (+0.1000%) | 1,010 | +9 (+0.8991%) |" in text
     assert "- w: `a.py:f` +1" in text and "- w: `c.py:h` +9" in text
+    assert "**Flag off vs fixes only, bytecodes** (goal < 0.05%): MISSED. Largest +0.1000% on w." in text
 
 
 def test_function_key_is_the_same_in_every_venv() -> None:
