@@ -55,8 +55,10 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import csv
 import datetime
+import fcntl
 import gc
 import inspect
 import json
@@ -71,12 +73,13 @@ import tempfile
 import textwrap
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH_DIR = ROOT / "build" / "bench"
 # Same-length folder names, so that the torch file paths Dynamo looks at have the same length in all.
 VENVS = {"wheel": BENCH_DIR / "venv-wheel", "fixes": BENCH_DIR / "venv-fixes", "whole": BENCH_DIR / "venv-whole"}
+MEASURED_VENV = BENCH_DIR / "venv-measured"  # a symlink to the measured variant's venv, see measured_venv
 VARIANTS = ("unpatched", "fixes", "disabled", "enabled", "prototype", "no_stack_trace")
 # unpatched (the fixes' own effect) is opt-in: a fourth valgrind process adds about a fifth to the run.
 DEFAULT_VARIANTS = ("fixes", "disabled", "enabled")
@@ -385,10 +388,12 @@ def worker_callgrind(job: dict[str, Any]) -> dict[str, Any]:
 
     table = workload_table(job["quick"])
     variant = Variant()
-    variant.set(job["variant"].strip())
     if job["transformers"]:
         import transformers  # noqa: F401  (imported in every process alike, whatever it measures)
+    # Warmed up alike in every process (flag off), then switched: warming up with the flag on had left the
+    # processes' heaps different enough to move counts by up to 0.4% either way.
     warm_up(table)
+    variant.set(job["variant"].strip())
     gc.collect()
     children = []
     for name, flag in zip(job["workloads"], job["measure"]):
@@ -527,6 +532,35 @@ def worker_bytecodes(job: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+@contextlib.contextmanager
+def measured_venv(variant: str) -> Iterator[Path]:
+    """MEASURED_VENV, a symlink to the variant's venv, for one variant at a time: torch's files then have the
+    same path in every variant. Equal-length paths are not enough: Dynamo iterates over sets of torch paths
+    (`trace_rules.is_torch_inline_allowed`), whose order follows the strings' hashes, and venv-fixes vs
+    venv-whole alone moved a Qwen2 compile by 5,940 bytecodes. Held under a lock: another run switching the
+    link under a running measurement would mix two torches."""
+    with open(MEASURED_VENV.with_name(MEASURED_VENV.name + ".lock"), "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise SystemExit(f"another benchmark run is measuring through {MEASURED_VENV}; wait for it to end") from None
+        if MEASURED_VENV.is_symlink():
+            MEASURED_VENV.unlink()
+        elif MEASURED_VENV.exists():
+            raise SystemExit(f"{MEASURED_VENV} exists and is not a symlink: move it away")
+        MEASURED_VENV.symlink_to(venv_of(variant).name)
+        try:
+            yield MEASURED_VENV
+        finally:
+            MEASURED_VENV.unlink()
+
+
+def measure_bytecodes(variant: str, workloads: list[str], quick: bool) -> dict[str, dict[str, int]]:
+    with measured_venv(variant) as venv:
+        return spawn(variant, {"mode": "bytecodes", "quick": quick, "variant": variant, "workloads": workloads,
+                               "transformers": not quick}, venv=venv)
+
+
 def bytecode_report(counts: dict[str, dict[str, dict[str, int]]], top: int = 8) -> list[str]:
     """bytecodes.md: per workload, flag off vs fixes only and flag on vs off, with the functions that differ."""
     lines = ["# Python bytecodes executed per compile", "",
@@ -661,10 +695,11 @@ def no_aslr_prefix() -> list[str]:
     return cmd if ok else []
 
 
-def spawn(variant: str, job: dict[str, Any], valgrind: Path | None = None) -> dict[str, Any]:
+def spawn(variant: str, job: dict[str, Any], valgrind: Path | None = None, venv: Path | None = None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         job = dict(job, result=os.path.join(tmp, "result.json"))
-        cmd = [str(venv_python(venv_of(variant))), "-m", "scripts.benchmark_overhead", "--worker", json.dumps(job)]
+        cmd = [str(venv_python(venv or venv_of(variant))), "-m", "scripts.benchmark_overhead", "--worker",
+               json.dumps(job)]
         # No on-disk compile caches: a cache written by an earlier process would change what a later one runs.
         env = dict(os.environ, PYTHONHASHSEED="0", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
                    TRANSFORMERS_NO_ADVISORY_WARNINGS="1", HF_HUB_OFFLINE="1", TORCHINDUCTOR_FX_GRAPH_CACHE="0",
@@ -696,7 +731,7 @@ def callgrind_total(path: Path) -> int | None:
 
 
 def callgrind_parent(tag: str, variant: str, workloads: list[str], all_workloads: list[str], quick: bool,
-                     transformers: bool, cg_dir: Path, key: str, reuse: bool) -> dict[str, int]:
+                     transformers: bool, cg_dir: Path, key: str, reuse: bool, n_jobs: int) -> dict[str, int]:
     """Instructions of one compile of each workload in `variant`: one valgrind process imports torch once
     and forks one child per workload, which is measured alone (see worker_callgrind)."""
     record = cg_dir / f"{tag}.json"
@@ -715,7 +750,11 @@ def callgrind_parent(tag: str, variant: str, workloads: list[str], all_workloads
     job = {"mode": "callgrind", "quick": quick, "variant": variant.ljust(max(map(len, VARIANTS))),
            "workloads": all_workloads, "measure": "".join("1" if n in workloads else "0" for n in all_workloads),
            "transformers": transformers}
-    result = spawn(variant, job, valgrind=base)
+    if n_jobs == 1:  # one variant at a time: all through the same path
+        with measured_venv(variant) as venv:
+            result = spawn(variant, job, valgrind=base, venv=venv)
+    else:
+        result = spawn(variant, job, valgrind=base)
     counts = {}
     for child in result["children"]:
         n = callgrind_total(Path(f"{base}.{child['pid']}"))
@@ -742,7 +781,8 @@ def measure_instructions(variants: list[str], workloads: list[str], repeat: str,
         parents.append(("disabled-repeat", "disabled", workloads[: workloads.index(repeat) + 1], 2))
     counts: dict[tuple[str, str, int], int] = {}
     with concurrent.futures.ThreadPoolExecutor(max_workers=n_jobs) as pool:
-        futs = {pool.submit(callgrind_parent, tag, v, ws, workloads, quick, transformers, cg_dir, key, reuse): (v, r)
+        futs = {pool.submit(callgrind_parent, tag, v, ws, workloads, quick, transformers, cg_dir, key, reuse,
+                            n_jobs): (v, r)
                 for tag, v, ws, r in parents}
         for fut in concurrent.futures.as_completed(futs):
             v, r = futs[fut]
@@ -1058,12 +1098,7 @@ def orchestrate(args: argparse.Namespace) -> int:
 
     # --- Python bytecodes per function (opt-in): what each variant runs that the other does not
     if args.bytecodes:
-        jobs = {v: {"mode": "bytecodes", "quick": quick, "variant": v, "workloads": measured,
-                    "transformers": not quick}
-                for v in ("fixes", "disabled", "enabled")}
-        with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
-            futures = {v: pool.submit(spawn, v, job) for v, job in jobs.items()}
-            bytecodes = {v: f.result() for v, f in futures.items()}
+        bytecodes = {v: measure_bytecodes(v, measured, quick) for v in ("fixes", "disabled", "enabled")}
         (out_dir / "bytecodes.md").write_text("\n".join(bytecode_report(bytecodes)) + "\n")
         print(f"bytecodes done at {time.time() - t_start:.0f}s: {out_dir / 'bytecodes.md'}", flush=True)
 

@@ -8,6 +8,7 @@ No timing is asserted. The first quick run builds build/bench/venv-{fixes,whole}
 from __future__ import annotations
 
 import csv
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -212,3 +213,17 @@ def test_function_key_is_the_same_in_every_venv() -> None:
     code = compile("pass", "/x/build/bench/venv-fixes/lib/python3.11/site-packages/torch/fx/node.py", "exec")
     assert B.function_key(code) == "torch/fx/node.py:<module>"
     assert B.function_key(compile("pass", "<string>", "exec")) == "<string>:<module>"
+
+
+def test_measured_venv_is_one_link_at_a_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(B, "MEASURED_VENV", tmp_path / "venv-measured")
+    monkeypatch.setattr(B, "VENVS", {"fixes": tmp_path / "venv-fixes", "whole": tmp_path / "venv-whole"})
+    with B.measured_venv("fixes") as venv:
+        assert venv.is_symlink() and os.readlink(venv) == "venv-fixes"
+        with pytest.raises(SystemExit, match="another benchmark run is measuring"):
+            with B.measured_venv("enabled"):
+                pass
+        assert os.readlink(venv) == "venv-fixes"  # the refused run changed nothing
+    assert not (tmp_path / "venv-measured").exists()
+    with B.measured_venv("enabled") as venv:
+        assert os.readlink(venv) == "venv-whole"
