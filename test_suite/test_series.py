@@ -385,8 +385,10 @@ def test_upstream_tests_run_against_installed_torch(series_layout: S.Layout, tmp
     python.write_text(f"#!/bin/sh\nPYTHONPATH={fake_torch} exec {sys.executable} \"$@\"\n")
     python.chmod(0o755)
     assert S.run_upstream_tests(series, python, None, []) == 0
+    assert S.run_upstream_tests(series, python, None, [], pytest=True) == 0
     config.write_text("record_call_hierarchy = True\n")
     assert S.run_upstream_tests(series, python, None, []) == 1
+    assert S.run_upstream_tests(series, python, None, [], pytest=True) == 1
 
 
 
@@ -575,10 +577,10 @@ def test_matrix_venvs_and_pins(series_layout: S.Layout, tmp_path: Path) -> None:
                    'numpy==2.4.6; python_version >= "3.11"\nnumpy==2.2.6; python_version < "3.11"\n')
     assert S.pinned_requirements(req, S.UPSTREAM_TEST_REQUIREMENTS) == [
         "torch==2.13.0", "expecttest==0.3.0", 'numpy==2.4.6; python_version >= "3.11"',
-        'numpy==2.2.6; python_version < "3.11"']
+        'numpy==2.2.6; python_version < "3.11"', "pytest==9.2.0"]
     assert S.pinned_requirements(S.REPO_ROOT / "requirements.txt", S.UPSTREAM_TEST_REQUIREMENTS)[0] == "torch==2.13.0"
     req.write_text("torch==2.13.0\n")
-    with pytest.raises(S.SeriesError, match="pins no exact version of expecttest, numpy"):
+    with pytest.raises(S.SeriesError, match="pins no exact version of expecttest, numpy, pytest"):
         S.pinned_requirements(req, S.UPSTREAM_TEST_REQUIREMENTS)
 
 

@@ -61,6 +61,7 @@ def parser() -> argparse.ArgumentParser:
     u.add_argument("--tests-from", type=Path, default=None, help="a tree with the series applied (default: "
                    "extract the test files from the patches)")
     u.add_argument("--list", action="store_true", help="only print the selected test files")
+    u.add_argument("--pytest", action="store_true", help="run them in one pytest session, as PyTorch's CI does")
     u.add_argument("extra", nargs="*", help="arguments passed to every test file (after --)")
     return ap
 
@@ -105,7 +106,8 @@ def run(args: argparse.Namespace) -> int:
         if args.list:
             print("\n".join(upstream_test_files(series)))
             return 0
-        return run_upstream_tests(series, upstream_python(layout, args.python), args.tests_from, args.extra)
+        return run_upstream_tests(series, upstream_python(layout, args.python), args.tests_from, args.extra,
+                                  args.pytest)
     return 0
 
 

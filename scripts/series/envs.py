@@ -18,8 +18,8 @@ from .patches import load_series, prefix_length
 
 
 DEFAULT_PYTHON = "3.11"  # .venv: the workbench's own Python, with every pinned requirement
-# all that the series' upstream tests need: torch's test utilities import numpy
-UPSTREAM_TEST_REQUIREMENTS = ("torch", "expecttest", "numpy")
+# all that the series' upstream tests need: torch's test utilities import numpy; pytest runs them as CI does
+UPSTREAM_TEST_REQUIREMENTS = ("torch", "expecttest", "numpy", "pytest")
 VERSION_RE = re.compile(r"3\.\d+")
 
 
@@ -75,7 +75,7 @@ def setup(layout: Layout, venv: Path | None = None, through: str | None = None, 
     """Create the venv if needed and install the series (or its prefix ending with `through`) into it.
 
     Python 3.11 (default): .venv with every pinned requirement. Another Python (`python="3.10"`):
-    .venv-py3.10 with only what the upstream tests need (torch, expecttest and numpy, pinned as in
+    .venv-py3.10 with only what the upstream tests need (torch, expecttest, numpy and pytest, pinned as in
     requirements.txt); torch==2.13.0 for those versions is the registry's CUDA build, which runs on CPU.
     """
     pinned = layout.base()["torch_version"]

@@ -41,7 +41,11 @@ def upstream_test_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k != "CI"}
 
 
-def run_upstream_tests(series: list[Patch], python: Path, tests_from: Path | None, extra: list[str]) -> int:
+def run_upstream_tests(series: list[Patch], python: Path, tests_from: Path | None, extra: list[str],
+                       pytest: bool = False) -> int:
+    """Run each upstream test file the series adds or changes as a developer does (`python test_x.py`), or,
+    with `pytest`, all of them in one pytest session as PyTorch's CI does (`run_test.py` uses pytest):
+    test discovery, module names (`__main__` vs the file's) and expecttest's frames differ between the two."""
     files = upstream_test_files(series)
     if not files:
         print("the series adds or changes no upstream test files; nothing to run")
@@ -66,6 +70,13 @@ def run_upstream_tests(series: list[Patch], python: Path, tests_from: Path | Non
             raise SeriesError(f"{python} cannot import torch: {probe.stderr.strip()[-500:]}")
         print(f"torch for the upstream tests: {probe.stdout.strip()}")
         failed = []
+        if pytest:
+            print(f"=== pytest {' '.join(files)}", flush=True)
+            rc = subprocess.run([str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                                 *(str(Path(f).relative_to("test")) for f in files), *extra], cwd=cwd,
+                                env=upstream_test_env()).returncode
+            print(f"upstream tests under pytest: {len(files)} file(s), " + ("passed" if rc == 0 else f"exit {rc}"))
+            return 1 if rc else 0
         for f in files:
             print(f"=== {f}", flush=True)
             rc = subprocess.run([str(python), str(Path(f).relative_to("test")), *extra], cwd=cwd,
