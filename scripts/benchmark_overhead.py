@@ -59,6 +59,7 @@ import contextlib
 import csv
 import datetime
 import fcntl
+import functools
 import gc
 import inspect
 import json
@@ -104,12 +105,19 @@ def _ops(x: Any, n: int) -> Any:
     return x
 
 
-def _nested_modules(depth: int, ops: int) -> tuple[Any, tuple, dict]:
+@functools.cache
+def _nested_classes() -> tuple[type, type]:
+    """The module classes of `_nested_modules`, made once per process as a model's classes are: a
+    recompile sees the same classes (and Dynamo's per-class state), not new ones per build."""
     import torch
 
     class Leaf(torch.nn.Module):
+        def __init__(self, ops: int) -> None:
+            super().__init__()
+            self.ops = ops
+
         def forward(self, x):
-            return _ops(x, ops)
+            return _ops(x, self.ops)
 
     class Level(torch.nn.Module):
         def __init__(self, inner: torch.nn.Module) -> None:
@@ -119,9 +127,16 @@ def _nested_modules(depth: int, ops: int) -> tuple[Any, tuple, dict]:
         def forward(self, x):
             return self.inner(x) + 1
 
-    mod: torch.nn.Module = Leaf()
+    return Leaf, Level
+
+
+def _nested_modules(depth: int, ops: int) -> tuple[Any, tuple, dict]:
+    import torch
+
+    leaf, level = _nested_classes()
+    mod: torch.nn.Module = leaf(ops)
     for _ in range(depth):
-        mod = Level(mod)
+        mod = level(mod)
     return mod, (torch.randn(4, 4),), {}
 
 
