@@ -33,7 +33,7 @@ the kernels.  Nothing of the original trace is removed or changed except the add
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Iterable
 from typing import Any
 
 from .capture import DYNAMO_RANGE, GRAPH_RANGE, Capture, CompiledGraph, Kernel, Labels, event_key
@@ -41,6 +41,7 @@ from .capture import DYNAMO_RANGE, GRAPH_RANGE, Capture, CompiledGraph, Kernel, 
 UNATTRIBUTED = "(unattributed)"
 SCOPE_CAT = "call_hierarchy"
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation")
+REGION_PREFIXES = ("Torch-Compiled Region", "## ")  # compiled code runs inside these
 
 
 @dataclasses.dataclass
@@ -82,33 +83,83 @@ class Report:
         return self.attributed_self_us / self.compiled_self_us if self.compiled_self_us else 0.0
 
 
-def _threads(events: list[dict[str, Any]]) -> dict[tuple[Any, Any], list[int]]:
-    by_thread: dict[tuple[Any, Any], list[int]] = {}
+@dataclasses.dataclass
+class _Nesting:
+    """The complete events (``ph: "X"``) of every thread, nested by time; lists are by event index."""
+
+    threads: dict[tuple[Any, Any], list[int]]  # thread -> its events in time order
+    parent: list[int]  # -1: none
+    children: list[list[int] | None]
+    dur: list[float]
+    self_us: list[float]  # duration minus the children's durations, at least 0
+    in_region: list[bool]  # some ancestor is a compiled region ("Torch-Compiled Region", "## ...")
+    calls: list[tuple[float, tuple[Any, Any], int]]  # compiled-graph calls, in time order
+    device: list[int]  # device (GPU) events, in trace order
+
+
+def _nest(events: list[dict[str, Any]]) -> _Nesting:
+    """One pass to read each event's fields, one per thread to nest by containment."""
+    n = len(events)
+    dur = [0.0] * n
+    keyed: dict[tuple[Any, Any], list[tuple[float, float, int]]] = {}
+    regions: set[int] = set()
+    calls: list[tuple[float, tuple[Any, Any], int]] = []
+    device: list[int] = []
+    gpu_cats = frozenset(GPU_CATS)
     for i, e in enumerate(events):
-        if e.get("ph") == "X" and "ts" in e:
-            by_thread.setdefault((e.get("pid"), e.get("tid")), []).append(i)
-    return by_thread
+        if e.get("ph") != "X":
+            continue
+        if e.get("cat") in gpu_cats:
+            device.append(i)
+        if "ts" not in e:
+            continue
+        t = (e.get("pid"), e.get("tid"))
+        start = float(e["ts"])
+        d = dur[i] = float(e.get("dur", 0.0))
+        items = keyed.get(t)
+        if items is None:
+            items = keyed[t] = []
+        items.append((start, -d, i))
+        name = e.get("name", "")
+        if not isinstance(name, str):
+            name = str(name)
+        if name.startswith(REGION_PREFIXES):
+            regions.add(i)
+            if GRAPH_RANGE.match(name):
+                calls.append((start, t, i))
+    calls.sort()
 
-
-def _end(e: dict[str, Any]) -> float:
-    return float(e["ts"]) + float(e.get("dur", 0.0))
-
-
-def nest(events: list[dict[str, Any]], indices: list[int]) -> tuple[list[int], dict[int, int], dict[int, list[int]]]:
-    """Order one thread's complete events by time; parent and children of each by containment."""
-    order = sorted(indices, key=lambda i: (float(events[i]["ts"]), -float(events[i].get("dur", 0.0))))
-    parent: dict[int, int] = {}
-    children: dict[int, list[int]] = {}
-    stack: list[int] = []
-    for i in order:
-        end = _end(events[i])
-        while stack and _end(events[stack[-1]]) < end - 1e-6:
-            stack.pop()  # ended before this event does: not its parent
-        if stack:
-            parent[i] = stack[-1]
-            children.setdefault(stack[-1], []).append(i)
-        stack.append(i)
-    return order, parent, children
+    parent = [-1] * n
+    children: list[list[int] | None] = [None] * n
+    child_dur = [0.0] * n
+    in_region = [False] * n
+    threads: dict[tuple[Any, Any], list[int]] = {}
+    for t, items in keyed.items():
+        items.sort()  # by start, the longer first; ties in trace order (the trace is nearly sorted)
+        order = threads[t] = []
+        stack: list[int] = []
+        ends: list[float] = []  # of the events on the stack
+        for start, neg_dur, i in items:
+            end = start - neg_dur
+            limit = end - 1e-6
+            while ends and ends[-1] < limit:
+                stack.pop()  # ended before this event does: not its parent
+                ends.pop()
+            if stack:
+                p = stack[-1]
+                parent[i] = p
+                kids = children[p]
+                if kids is None:
+                    children[p] = [i]
+                else:
+                    kids.append(i)
+                child_dur[p] += dur[i]
+                in_region[i] = in_region[p] or p in regions
+            order.append(i)
+            stack.append(i)
+            ends.append(end)
+    self_us = [d - c if d > c else 0.0 for d, c in zip(dur, child_dur)]  # max(0.0, d - c)
+    return _Nesting(threads, parent, children, dur, self_us, in_region, calls, device)
 
 
 class _Matcher:
@@ -124,8 +175,8 @@ class _Matcher:
         self.kernels = graph.kernels
         self.pos = 0
 
-    def match(self, name: str) -> Kernel | None:
-        key = event_key(name)
+    def match(self, key: str) -> Kernel | None:
+        """The next kernel whose :func:`~.capture.event_key` is ``key``."""
         kernels = self.kernels
         for j in range(self.pos, min(len(kernels), self.pos + self.LOOKAHEAD)):
             if kernels[j].key == key:
@@ -138,16 +189,9 @@ def annotate(doc: dict[str, Any], capture: Capture) -> Report:
     """Attribute every event inside a compiled graph call; add scope slices.  Mutates ``doc``."""
     events: list[dict[str, Any]] = doc["traceEvents"]
     graphs = {g.index: g for g in capture.graphs}
-    threads = _threads(events)
-    nesting = {t: nest(events, idx) for t, idx in threads.items()}
-
-    # Compiled-graph calls in time order over all threads (backward pops its forward's stack).
-    calls: list[tuple[float, tuple[Any, Any], int]] = []
-    for t, (order, _parent, _children) in nesting.items():
-        for i in order:
-            if GRAPH_RANGE.match(str(events[i].get("name", ""))):
-                calls.append((float(events[i]["ts"]), t, i))
-    calls.sort()
+    nesting = _nest(events)
+    parent, children, self_us = nesting.parent, nesting.children, nesting.self_us
+    calls = nesting.calls
 
     pending: dict[int, list[tuple[str, ...] | None]] = {}
     attributions: dict[int, Attribution] = {}
@@ -155,36 +199,26 @@ def annotate(doc: dict[str, Any], capture: Capture) -> Report:
     new_events: list[dict[str, Any]] = []
     compiled_self = attributed_self = 0.0
     unattributed_events = unknown_stacks = 0
-    inside_compiled: set[int] = set()
-    scope_memo: dict[tuple[tuple[str, ...], int], tuple[Any, Any]] = {}
-
-    def self_time(i: int, children: dict[int, list[int]]) -> float:
-        return max(0.0, float(events[i].get("dur", 0.0)) - sum(float(events[c].get("dur", 0.0))
-                                                              for c in children.get(i, ())))
-
-    def subtree(i: int, children: dict[int, list[int]]) -> Iterator[int]:
-        todo = [i]
-        while todo:
-            j = todo.pop()
-            yield j
-            todo.extend(children.get(j, ()))
+    graph_ranges: set[int] = set()
+    # one Attribution per (runtime stack, kernel): shared by every call of that kernel
+    memo: dict[tuple[tuple[str, ...] | None, int], Attribution] = {}
+    keys: dict[str, str] = {}  # event name -> event_key
 
     for _ts, t, r in calls:
-        order, parent, children = nesting[t]
         m = GRAPH_RANGE.match(events[r]["name"])
         assert m is not None
         graph = graphs.get(int(m.group(1)))
         # The runtime module stack: from the enclosing Dynamo graph run, or (backward) the
         # latest forward run of the same Dynamo graph.
         stack: tuple[str, ...] | None = None
-        p = parent.get(r)
-        while p is not None:
+        p = parent[r]
+        while p >= 0:
             dm = DYNAMO_RANGE.match(str(events[p].get("name", "")))
             if dm:
                 sid = int(dm.group(2))
                 stack = capture.stacks[sid] if sid < len(capture.stacks) else None
                 break
-            p = parent.get(p)
+            p = parent[p]
         if graph is not None and graph.kind == "forward":
             pending.setdefault(graph.dynamo_graph, []).append(stack)
         elif graph is not None and graph.kind == "backward":
@@ -196,100 +230,97 @@ def annotate(doc: dict[str, Any], capture: Capture) -> Report:
         graph_name = f"graph {graph.index} {graph.kind}" if graph else events[r]["name"]
         matcher = _Matcher(graph) if graph is not None else None
         kernel_events: list[tuple[int, Attribution]] = []
-        for c in children.get(r, ()):
+        for c in children[r] or ():
             name = str(events[c].get("name", ""))
-            kernel = matcher.match(name) if matcher is not None else None
+            kernel = None
+            if matcher is not None:
+                key = keys.get(name)
+                if key is None:
+                    key = keys[name] = event_key(name)
+                kernel = matcher.match(key)
             if kernel is None or graph is None:
                 why = "not a kernel of this graph" if graph is not None else "graph not captured"
                 att = Attribution(capture.scopes.absolute(base) + (UNATTRIBUTED,), name, graph=graph_name, reason=why)
             else:
-                memo_key = (base, id(kernel))
-                memo = scope_memo.get(memo_key)
-                if memo is None:
-                    memo = scope_memo[memo_key] = (
-                        capture.scopes.absolute(base, *kernel.sites, kernel.hierarchy),
-                        tuple(capture.scopes.absolute(base, *kernel.sites, s) for s in kernel.sources),
-                    )
-                scope, sources = memo
-                if stack is None and graph.backward:
-                    scope = scope[:1] + ("(forward call not in trace)",) + scope[1:]
-                label = kernel.name + (" (bw)" if graph.backward else "")
-                att = Attribution(scope, label, graph.backward, sources, graph_name)
+                found = memo.get((stack, id(kernel)))
+                if found is None:
+                    scope = capture.scopes.absolute(base, *kernel.sites, kernel.hierarchy)
+                    sources = tuple(capture.scopes.absolute(base, *kernel.sites, s) for s in kernel.sources)
+                    if stack is None and graph.backward:
+                        scope = scope[:1] + ("(forward call not in trace)",) + scope[1:]
+                    label = kernel.name + (" (bw)" if graph.backward else "")
+                    found = memo[(stack, id(kernel))] = Attribution(scope, label, graph.backward, sources, graph_name)
+                att = found
             kernel_events.append((c, att))
 
         for c, att in kernel_events:
             total_self = 0.0
-            for j in subtree(c, children):
+            todo = [c]
+            while todo:  # the kernel call and every event below it, depth first
+                j = todo.pop()
                 attributions[j] = att
-                inside_compiled.add(j)
-                s = self_time(j, children)
-                total_self += s
+                total_self += self_us[j]
+                kids = children[j]
+                if kids:
+                    todo.extend(kids)
             compiled_self += total_self
             if att.attributed:
                 attributed_self += total_self
             else:
                 unattributed_events += 1
-            samples.append(Sample(att, float(events[c].get("dur", 0.0)), total_self))
+            samples.append(Sample(att, nesting.dur[c], total_self))
         # the range's own self time (the Python wrapper around the generated code)
-        inside_compiled.add(r)
-        new_events.extend(_scope_slices(events, t, kernel_events))
+        graph_ranges.add(r)
+        new_events.extend(_scope_slices(events, nesting.dur, t, kernel_events))
 
     # Device events: the attribution of the CPU event that launched them.
-    by_corr: dict[Any, Attribution] = {}
-    for i, att in attributions.items():
-        corr = (events[i].get("args") or {}).get("correlation")
-        if corr is not None:
-            by_corr[corr] = att
-    for e in events:
-        if e.get("ph") == "X" and e.get("cat") in GPU_CATS:
+    device_events: list[tuple[dict[str, Any], Attribution]] = []
+    if nesting.device:
+        by_corr: dict[Any, Attribution] = {}
+        for i, att in attributions.items():
+            corr = (events[i].get("args") or {}).get("correlation")
+            if corr is not None:
+                by_corr[corr] = att
+        for d in nesting.device:
+            e = events[d]
             corr = (e.get("args") or {}).get("correlation")
-            att = by_corr.get(corr)
-            if att is not None:
-                _write(e, att)
-                samples.append(Sample(dataclasses.replace(att, kernel=att.kernel + " [device]"),
+            launched = by_corr.get(corr)
+            if launched is not None:
+                device_events.append((e, launched))
+                samples.append(Sample(dataclasses.replace(launched, kernel=launched.kernel + " [device]"),
                                       float(e.get("dur", 0.0)), float(e.get("dur", 0.0)), device=True))
 
-    for i, att in attributions.items():
-        _write(events[i], att)
+    _write(device_events)
+    _write((events[i], att) for i, att in attributions.items())
 
     eager = 0.0
-    for t, (order, parent, children) in nesting.items():
+    in_region = nesting.in_region
+    for order in nesting.threads.values():
         for i in order:
-            e = events[i]
-            if i in inside_compiled or e.get("cat") != "cpu_op":
+            if in_region[i] or i in graph_ranges or events[i].get("cat") != "cpu_op":
                 continue
-            if _inside_compiled_region(events, parent, i):
-                continue
-            eager += self_time(i, children)
+            eager += self_us[i]
 
     events.extend(new_events)
     return Report(samples, compiled_self, attributed_self, unattributed_events, len(calls), eager, unknown_stacks)
 
 
-def _inside_compiled_region(events: list[dict[str, Any]], parent: dict[int, int], i: int) -> bool:
-    p = parent.get(i)
-    while p is not None:
-        name = str(events[p].get("name", ""))
-        if name.startswith("Torch-Compiled Region") or name.startswith("## "):
-            return True
-        p = parent.get(p)
-    return False
+def _write(pairs: Iterable[tuple[dict[str, Any], Attribution]]) -> None:
+    """Add each attribution to its event's ``args``."""
+    for e, att in pairs:
+        args = e.setdefault("args", {})
+        args["call_hierarchy"] = list(att.scope)
+        args["call_hierarchy_kernel"] = att.kernel
+        args["call_hierarchy_graph"] = att.graph
+        if att.backward:
+            args["call_hierarchy_backward"] = True
+        if att.sources:
+            args["call_hierarchy_sources"] = [list(s) for s in att.sources]
+        if att.reason is not None:
+            args["call_hierarchy_unattributed"] = att.reason
 
 
-def _write(e: dict[str, Any], att: Attribution) -> None:
-    args = e.setdefault("args", {})
-    args["call_hierarchy"] = list(att.scope)
-    args["call_hierarchy_kernel"] = att.kernel
-    args["call_hierarchy_graph"] = att.graph
-    if att.backward:
-        args["call_hierarchy_backward"] = True
-    if att.sources:
-        args["call_hierarchy_sources"] = [list(s) for s in att.sources]
-    if att.reason is not None:
-        args["call_hierarchy_unattributed"] = att.reason
-
-
-def _scope_slices(events: list[dict[str, Any]], thread: tuple[Any, Any],
+def _scope_slices(events: list[dict[str, Any]], dur: list[float], thread: tuple[Any, Any],
                   kernel_events: list[tuple[int, Attribution]]) -> list[dict[str, Any]]:
     """Nested scope slices around consecutive kernel calls of one compiled-graph call."""
     pid, tid = thread
@@ -304,17 +335,21 @@ def _scope_slices(events: list[dict[str, Any]], thread: tuple[Any, Any],
                         "ts": start, "dur": round(end - start, 3),
                         "args": {"call_hierarchy": path}})
 
+    previous: Labels | None = None
     for c, att in kernel_events:
-        e = events[c]
-        start, end = float(e["ts"]), _end(e)
+        start = float(events[c]["ts"])
+        end = start + dur[c]
         scope = att.scope
-        keep = 0
-        while keep < min(len(open_scopes), len(scope)) and open_scopes[keep][0] == scope[keep]:
-            keep += 1
-        close(keep)
-        for label in scope[keep:]:
-            open_scopes.append([label, start, end])
+        if scope is not previous:  # the open scopes are the previous kernel's scope
+            keep = 0
+            while keep < min(len(open_scopes), len(scope)) and open_scopes[keep][0] == scope[keep]:
+                keep += 1
+            close(keep)
+            for label in scope[keep:]:
+                open_scopes.append([label, start, end])
+            previous = scope
         for s in open_scopes:
-            s[2] = max(s[2], end)
+            if s[2] < end:
+                s[2] = end
     close(0)
     return out

@@ -123,7 +123,9 @@ class RuntimeScopes:
         self.root_label = type(model).__name__
         self.modules: dict[str, nn.Module] = dict(model.named_modules())
         self.path_of: dict[int, str] = {id(m): p for p, m in self.modules.items()}
-        self._memo: dict[tuple[Any, ...], Labels] = {}
+        # by the identity of the entries: hashing entries is slow (no cached hash), and a
+        # model's graphs share one entry object per scope; the parts kept alive with the result
+        self._memo: dict[tuple[Any, ...], tuple[tuple[Hierarchy, ...], Labels]] = {}
 
     def module_stack(self) -> tuple[str, ...]:
         """Paths of the model's modules whose frames are running, outermost first.
@@ -172,10 +174,10 @@ class RuntimeScopes:
 
     def absolute(self, stack: tuple[str, ...], *parts: Hierarchy) -> Labels:
         """Labels from the model root: the running module stack, then each part rebased."""
-        key = (stack, parts)
-        result = self._memo.get(key)
-        if result is not None:
-            return result
+        key = (stack, *[tuple(map(id, part)) for part in parts])
+        found = self._memo.get(key)
+        if found is not None:
+            return found[1]
         out = [self.root_label]
         parent = ""
         for path in stack:
@@ -203,7 +205,7 @@ class RuntimeScopes:
                 else:
                     out.append(entry_label(entry, parent))
         result = tuple(out)
-        self._memo[key] = result
+        self._memo[key] = (parts, result)
         return result
 
 
