@@ -2,7 +2,8 @@
 
 Usage (from a fresh clone, any Python 3.11; it builds its own environments under build/bench/):
 
-    python3 -m scripts.benchmark_overhead            # full run (about 25-30 min on 2 cores): results/overhead/
+    python3 -m scripts.benchmark_overhead --jobs 1 --bytecodes   # RFC.md's run (about 36 min): results/overhead/
+    python3 -m scripts.benchmark_overhead            # faster (two valgrind processes at a time), less exact
     python3 -m scripts.benchmark_overhead --quick    # CI: tiny workloads, no valgrind, about 2 min once set up
     python3 -m scripts.benchmark_overhead --workloads qwen2_l1,nested_modules_d1 --out /tmp/o   # a subset
 
@@ -22,7 +23,9 @@ fixes' own effect for about 5 more minutes):
                      stack_trace costs today, for scale
 
 The three venv folder names have the same length: Dynamo looks at torch's file paths, and the same files
-at another depth changed counts by ~0.1%.
+at another depth changed counts by ~0.1%. With ``--jobs 1`` (and for ``--bytecodes`` always) the variants
+run one at a time through one symlink, build/bench/venv-measured, so that torch's paths are the same
+strings in every variant (see ``measured_venv``).
 
 Measurements:
 
