@@ -353,9 +353,14 @@ def qwen2_break(point: str) -> contextlib.AbstractContextManager[None]:
     return break_first_in(qwen2_insertion_points()[point])
 
 
+def token_inputs(n: int) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """A Hugging Face causal LM's inputs: `n` random token ids (seeded by `n`), no KV cache."""
+    return (torch.randint(0, 128, (1, n), generator=torch.Generator().manual_seed(n)),), {"use_cache": False}
+
+
 QWEN2 = ModelSpec(
     "qwen2", tiny_qwen2,
-    lambda n: ((torch.randint(0, 128, (1, n), generator=torch.Generator().manual_seed(n)),), {"use_cache": False}),
+    token_inputs,
     lambda: list(qwen2_insertion_points()), qwen2_break, (8, 11),
 )
 
@@ -387,7 +392,7 @@ def gpt2_break(point: str) -> contextlib.AbstractContextManager[None]:
 
 GPT2 = ModelSpec(
     "gpt2", tiny_gpt2,
-    lambda n: ((torch.randint(0, 128, (1, n), generator=torch.Generator().manual_seed(n)),), {"use_cache": False}),
+    token_inputs,
     lambda: list(gpt2_insertion_points()), gpt2_break, (8, 11),
 )
 

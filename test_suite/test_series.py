@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib
 import json
 import os
@@ -320,10 +321,14 @@ def test_wrong_torch_version_is_refused_naming_both(series_layout: S.Layout, tmp
     assert tree_hashes(sp) == before
 
 
+def run_cli(layout: S.Layout, *args: str) -> subprocess.CompletedProcess[str]:
+    """`python3 -m scripts.series --repo-root <layout> ARGS`, captured."""
+    return subprocess.run([sys.executable, "-m", "scripts.series", "--repo-root", str(layout.root), *args],
+                          cwd=S.REPO_ROOT, capture_output=True, text=True)
+
+
 def test_cli_install_status_and_errors(series_layout: S.Layout, site_packages: Path) -> None:
-    def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "scripts.series", "--repo-root", str(series_layout.root), *args],
-                              cwd=S.REPO_ROOT, capture_output=True, text=True)
+    cli = functools.partial(run_cli, series_layout)
     sp = ["--site-packages", str(site_packages)]
     assert cli("status", *sp).stdout.startswith("pristine")
     assert cli("install", *sp).returncode == 0
@@ -512,9 +517,7 @@ def test_install_through_a_prefix(series_layout: S.Layout, site_packages: Path) 
 
 
 def test_cli_through(series_layout: S.Layout, site_packages: Path) -> None:
-    def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "scripts.series", "--repo-root", str(series_layout.root), *args],
-                              cwd=S.REPO_ROOT, capture_output=True, text=True)
+    cli = functools.partial(run_cli, series_layout)
     sp = ["--site-packages", str(site_packages)]
     before = tree_hashes(site_packages)
     bad = cli("install", "--through", "0009", *sp)
