@@ -308,6 +308,27 @@ def test_wrapper_calls_splits_bodies() -> None:
                          ("body", "repeated_subgraph0"), ("kernel", "extern_kernels.mm:2")]
 
 
+def test_trace_json_same_values_with_orjson_json_or_neither(monkeypatch: pytest.MonkeyPatch) -> None:
+    """jsonio: orjson (pinned) and json give the same values; what orjson refuses or would change goes to json."""
+    import math
+
+    from scripts.hierarchy_profiler import jsonio
+
+    assert jsonio.orjson is not None  # requirements.txt pins it: the fast path is what runs here
+    data = (b'{"traceEvents": [{"ph": "X", "ts": 4650338959230.193, "dur": 1.001, "name": "aten::mm \\u00e9",'
+            b' "args": {"Ev Idx": 18446744073709551615, "x": -0.0, "y": 1e-07, "z": 1e16}}], "n": null}')
+    value, strict = jsonio.loads(data)
+    assert strict and value == json.loads(data)
+    assert [type(v) for v in value["traceEvents"][0]["args"].values()] == [int, float, float, float]
+    assert json.loads(jsonio.dumps(value, strict)) == value
+    nan, strict = jsonio.loads(b'{"a": NaN, "b": [Infinity]}')  # not strict JSON: json parses it, and writes it
+    assert not strict and math.isnan(nan["a"]) and jsonio.dumps(nan, strict) == b'{"a": NaN, "b": [Infinity]}'
+    assert jsonio.dumps({1: 2**70}, True) == json.dumps({1: 2**70}).encode()  # orjson refuses: json writes it
+    monkeypatch.setattr(jsonio, "orjson", None)  # a venv without orjson: json does everything, same values
+    assert jsonio.loads(data) == (value, False)
+    assert jsonio.dumps(value, True) == json.dumps(value).encode()
+
+
 def test_unknown_entry_type_renders_its_label() -> None:
     class Future:
         TYPE = "region"

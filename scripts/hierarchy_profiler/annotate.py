@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable
+from operator import itemgetter
 from typing import Any
 
 from .capture import DYNAMO_RANGE, GRAPH_RANGE, Capture, CompiledGraph, Kernel, Labels, event_key
@@ -87,7 +88,7 @@ class Report:
 class _Nesting:
     """The complete events (``ph: "X"``) of every thread, nested by time; lists are by event index."""
 
-    threads: dict[tuple[Any, Any], list[int]]  # thread -> its events in time order
+    outside: list[int]  # events outside compiled regions: thread by thread, in time order
     parent: list[int]  # -1: none
     children: list[list[int] | None]
     dur: list[float]
@@ -106,21 +107,35 @@ def _nest(events: list[dict[str, Any]]) -> _Nesting:
     calls: list[tuple[float, tuple[Any, Any], int]] = []
     device: list[int] = []
     gpu_cats = frozenset(GPU_CATS)
+    fields = itemgetter("ph", "cat", "name", "pid", "tid", "ts", "dur")  # one call reads a complete event
+    thread: tuple[Any, Any] | None = None
+    items: list[tuple[float, float, int]] = []  # thread's
     for i, e in enumerate(events):
-        if e.get("ph") != "X":
+        try:
+            ph, cat, name, pid, tid, ts, d = fields(e)
+        except KeyError:  # not every field (metadata, flows, instant events): one by one
+            ph = e.get("ph")
+            if ph != "X":
+                continue
+            cat = e.get("cat")
+            if "ts" not in e:
+                if cat in gpu_cats:
+                    device.append(i)
+                continue
+            name, pid, tid, ts, d = e.get("name", ""), e.get("pid"), e.get("tid"), e["ts"], e.get("dur", 0.0)
+        if ph != "X":
             continue
-        if e.get("cat") in gpu_cats:
+        if cat in gpu_cats:
             device.append(i)
-        if "ts" not in e:
-            continue
-        t = (e.get("pid"), e.get("tid"))
-        start = float(e["ts"])
-        d = dur[i] = float(e.get("dur", 0.0))
-        items = keyed.get(t)
-        if items is None:
-            items = keyed[t] = []
+        t = (pid, tid)
+        start = float(ts)
+        d = dur[i] = float(d)
+        if t != thread:  # most events are on the thread of the event before them
+            found = keyed.get(t)
+            if found is None:
+                found = keyed[t] = []
+            items, thread = found, t
         items.append((start, -d, i))
-        name = e.get("name", "")
         if not isinstance(name, str):
             name = str(name)
         if name.startswith(REGION_PREFIXES):
@@ -133,10 +148,9 @@ def _nest(events: list[dict[str, Any]]) -> _Nesting:
     children: list[list[int] | None] = [None] * n
     child_dur = [0.0] * n
     in_region = [False] * n
-    threads: dict[tuple[Any, Any], list[int]] = {}
-    for t, items in keyed.items():
+    outside: list[int] = []
+    for items in keyed.values():
         items.sort()  # by start, the longer first; ties in trace order (the trace is nearly sorted)
-        order = threads[t] = []
         stack: list[int] = []
         ends: list[float] = []  # of the events on the stack
         for start, neg_dur, i in items:
@@ -154,12 +168,16 @@ def _nest(events: list[dict[str, Any]]) -> _Nesting:
                 else:
                     kids.append(i)
                 child_dur[p] += dur[i]
-                in_region[i] = in_region[p] or p in regions
-            order.append(i)
+                if in_region[p] or p in regions:
+                    in_region[i] = True
+                else:
+                    outside.append(i)
+            else:
+                outside.append(i)
             stack.append(i)
             ends.append(end)
     self_us = [d - c if d > c else 0.0 for d, c in zip(dur, child_dur)]  # max(0.0, d - c)
-    return _Nesting(threads, parent, children, dur, self_us, in_region, calls, device)
+    return _Nesting(outside, parent, children, dur, self_us, in_region, calls, device)
 
 
 class _Matcher:
@@ -178,7 +196,11 @@ class _Matcher:
     def match(self, key: str) -> Kernel | None:
         """The next kernel whose :func:`~.capture.event_key` is ``key``."""
         kernels = self.kernels
-        for j in range(self.pos, min(len(kernels), self.pos + self.LOOKAHEAD)):
+        pos = self.pos
+        if pos < len(kernels) and kernels[pos].key == key:  # the usual case: the next one
+            self.pos = pos + 1
+            return kernels[pos]
+        for j in range(pos + 1, min(len(kernels), pos + self.LOOKAHEAD)):
             if kernels[j].key == key:
                 self.pos = j + 1
                 return kernels[j]
@@ -231,7 +253,9 @@ def annotate(doc: dict[str, Any], capture: Capture) -> Report:
         matcher = _Matcher(graph) if graph is not None else None
         kernel_events: list[tuple[int, Attribution]] = []
         for c in children[r] or ():
-            name = str(events[c].get("name", ""))
+            name = events[c].get("name", "")
+            if not isinstance(name, str):
+                name = str(name)
             kernel = None
             if matcher is not None:
                 key = keys.get(name)
@@ -294,12 +318,10 @@ def annotate(doc: dict[str, Any], capture: Capture) -> Report:
     _write((events[i], att) for i, att in attributions.items())
 
     eager = 0.0
-    in_region = nesting.in_region
-    for order in nesting.threads.values():
-        for i in order:
-            if in_region[i] or i in graph_ranges or events[i].get("cat") != "cpu_op":
-                continue
-            eager += self_us[i]
+    for i in nesting.outside:
+        if i in graph_ranges or events[i].get("cat") != "cpu_op":
+            continue
+        eager += self_us[i]
 
     events.extend(new_events)
     return Report(samples, compiled_self, attributed_self, unattributed_events, len(calls), eager, unknown_stacks)
@@ -308,7 +330,9 @@ def annotate(doc: dict[str, Any], capture: Capture) -> Report:
 def _write(pairs: Iterable[tuple[dict[str, Any], Attribution]]) -> None:
     """Add each attribution to its event's ``args``."""
     for e, att in pairs:
-        args = e.setdefault("args", {})
+        args = e.get("args")
+        if args is None and "args" not in e:  # as setdefault, without a new dict per event
+            args = e["args"] = {}
         args["call_hierarchy"] = list(att.scope)
         args["call_hierarchy_kernel"] = att.kernel
         args["call_hierarchy_graph"] = att.graph
@@ -325,31 +349,38 @@ def _scope_slices(events: list[dict[str, Any]], dur: list[float], thread: tuple[
     """Nested scope slices around consecutive kernel calls of one compiled-graph call."""
     pid, tid = thread
     out: list[dict[str, Any]] = []
-    open_scopes: list[list[Any]] = []  # [label, start, end]
+    # The open scopes are the previous kernel's scope: its labels, with their starts and ends.
+    # Only the innermost end is kept current: an outer scope's end is the latest of its own
+    # kernels' and of its inner scopes' ends, taken as each inner scope closes.
+    labels: Labels = ()
+    starts: list[float] = []
+    ends: list[float] = []
 
     def close(keep: int) -> None:
-        while len(open_scopes) > keep:
-            label, start, end = open_scopes.pop()
-            path = [s[0] for s in open_scopes] + [label]
-            out.append({"name": label, "cat": SCOPE_CAT, "ph": "X", "pid": pid, "tid": tid,
+        while len(starts) > keep:
+            depth = len(starts)
+            start, end = starts.pop(), ends.pop()
+            out.append({"name": labels[depth - 1], "cat": SCOPE_CAT, "ph": "X", "pid": pid, "tid": tid,
                         "ts": start, "dur": round(end - start, 3),
-                        "args": {"call_hierarchy": path}})
+                        "args": {"call_hierarchy": list(labels[:depth])}})
+            if ends and ends[-1] < end:
+                ends[-1] = end
 
-    previous: Labels | None = None
     for c, att in kernel_events:
         start = float(events[c]["ts"])
         end = start + dur[c]
         scope = att.scope
-        if scope is not previous:  # the open scopes are the previous kernel's scope
+        if scope is not labels:
             keep = 0
-            while keep < min(len(open_scopes), len(scope)) and open_scopes[keep][0] == scope[keep]:
+            depth = min(len(labels), len(scope))
+            while keep < depth and labels[keep] == scope[keep]:
                 keep += 1
             close(keep)
-            for label in scope[keep:]:
-                open_scopes.append([label, start, end])
-            previous = scope
-        for s in open_scopes:
-            if s[2] < end:
-                s[2] = end
+            labels = scope
+            for _ in range(keep, len(scope)):
+                starts.append(start)
+                ends.append(end)
+        if ends and ends[-1] < end:
+            ends[-1] = end
     close(0)
     return out

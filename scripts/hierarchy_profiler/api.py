@@ -32,7 +32,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
-import json
 import os
 import tempfile
 import warnings
@@ -43,6 +42,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from . import jsonio
 from .annotate import Report, annotate
 from .capture import Capture, CompiledGraph
 from .tree import Scope, build_tree, format_tree
@@ -66,6 +66,9 @@ class ProfileResult:
     eager_frames: list[str]
     graphs: list[CompiledGraph] = dataclasses.field(default_factory=list)
     title: str = "call hierarchy profile"
+    # the trace parsed as strict JSON (see .jsonio): save() writes it with orjson; set it to False
+    # after putting a NaN or an infinity into the trace (orjson would write null)
+    strict_json: bool = False
 
     def format_tree(self, max_depth: int | None = None) -> str:
         return format_tree(self.root, timed=True, max_depth=max_depth, unit="kernel")
@@ -85,7 +88,7 @@ class ProfileResult:
         out = prepare_out(Path(out))
         written = []
         trace = out / "trace.json"
-        trace.write_text(json.dumps(self.trace))
+        trace.write_bytes(jsonio.dumps(self.trace, self.strict_json))
         written.append(trace)
         folded = out / "hierarchy.folded"
         write_folded(folded, self.root, timed=False)
@@ -230,7 +233,7 @@ class CallHierarchyProfiler:
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / "trace.json"
             prof.export_chrome_trace(str(path))
-            doc = json.loads(path.read_text())
+            doc, strict = jsonio.loads(path.read_bytes())
         report = annotate(doc, self.capture)
         if not report.samples:
             raise ProfileError("the compiled graphs ran no kernel or op in the profiled iterations "
@@ -247,7 +250,7 @@ class CallHierarchyProfiler:
         }
         return ProfileResult(root, report, doc, iterations, self.capture.num_dynamo_graphs,
                              len(self.capture.graphs), eager, list(self.capture.graphs),
-                             title or "call hierarchy profile")
+                             title or "call hierarchy profile", strict)
 
 
 def _activities() -> list[torch.profiler.ProfilerActivity]:

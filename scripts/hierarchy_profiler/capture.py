@@ -126,6 +126,11 @@ class RuntimeScopes:
         # by the identity of the entries: hashing entries is slow (no cached hash), and a
         # model's graphs share one entry object per scope; the parts kept alive with the result
         self._memo: dict[tuple[Any, ...], tuple[tuple[Hierarchy, ...], Labels]] = {}
+        # what absolute() reads of each entry (id -> entry, is a module entry, class as recorded,
+        # class label, path, count), and _rebase's answers by (base, id(entry)): one pass over
+        # a model's entries instead of one per hierarchy that holds them
+        self._entries: dict[int, tuple[Any, bool, Any, str, str, Any]] = {}
+        self._rebased: dict[tuple[str, int], str] = {}
 
     def module_stack(self) -> tuple[str, ...]:
         """Paths of the model's modules whose frames are running, outermost first.
@@ -153,7 +158,7 @@ class RuntimeScopes:
         stack.reverse()
         return tuple(p for i, p in enumerate(stack) if p and p not in stack[:i])
 
-    def _rebase(self, base: str, entry: Any) -> str:
+    def _rebase(self, base: str, rel: str, cls: Any) -> str:
         """Absolute path of a module entry recorded relative to the running module ``base``.
 
         A compiled frame that reaches its module through a local rather than as its root
@@ -162,8 +167,6 @@ class RuntimeScopes:
         leading path components: they are dropped until the path resolves under ``base``
         to a module of the recorded class.
         """
-        rel = _field(entry, "path") or ""
-        cls = _field(entry, "class_name", "class")
         parts = rel.split(".") if rel else []
         for i in range(len(parts) + 1):
             path = ".".join(p for p in (base, ".".join(parts[i:])) if p)
@@ -172,35 +175,51 @@ class RuntimeScopes:
                 return path
         return ".".join(p for p in (base, rel) if p)
 
+    def _entry(self, entry: Any) -> tuple[Any, bool, Any, str, str, Any]:
+        """(entry, is a module entry, class as recorded, class label, path, count), read once."""
+        found = self._entries.get(id(entry))
+        if found is None or found[0] is not entry:
+            if is_module_entry(entry):
+                raw_class = _field(entry, "class_name", "class")
+                found = (entry, True, raw_class, str(raw_class or "?"), _field(entry, "path") or "",
+                         _field(entry, "count"))
+            else:
+                found = (entry, False, None, "", "", None)
+            self._entries[id(entry)] = found  # keeps the entry alive: its id stays its own
+        return found
+
     def absolute(self, stack: tuple[str, ...], *parts: Hierarchy) -> Labels:
         """Labels from the model root: the running module stack, then each part rebased."""
-        key = (stack, *[tuple(map(id, part)) for part in parts])
+        key = (stack, tuple(map(id, parts[0]))) if len(parts) == 1 else (stack, *[tuple(map(id, p)) for p in parts])
         found = self._memo.get(key)
         if found is not None:
             return found[1]
         out = [self.root_label]
         parent = ""
+        modules = self.modules
         for path in stack:
-            out.append(module_label(path, parent, type(self.modules[path]).__name__))
+            out.append(module_label(path, parent, type(modules[path]).__name__))
             parent = path
         previous_class: str | None = None
+        rebased = self._rebased
         for hierarchy in parts:
             # paths of one part are relative to the module running it: the innermost module so far
             base = parent
             hierarchy = _below_call_site(hierarchy, previous_class)
             for entry in hierarchy:
-                if is_module_entry(entry):
-                    cls = str(_field(entry, "class_name", "class") or "?")
-                    own = _field(entry, "path") or ""
-                    module = self.modules.get(own)
+                _, is_module, raw_class, cls, own, count = self._entry(entry)
+                if is_module:
+                    module = modules.get(own)
                     if (previous_class is not None and own and module is not None
                             and type(module).__name__ == cls and (parent == own or parent.startswith(own + "."))):
                         continue  # a body naming a module its call site is already inside
-                    path = self._rebase(base, entry)
+                    path = rebased.get((base, id(entry)))
+                    if path is None:
+                        path = rebased[(base, id(entry))] = self._rebase(base, own, raw_class)
                     previous_class = cls
                     if path == parent or path == base:
                         continue  # the running module itself: the root, or already on the stack
-                    out.append(module_label(path, parent, cls, int(_field(entry, "count") or 0)))
+                    out.append(module_label(path, parent, cls, int(count or 0)))
                     parent = path
                 else:
                     out.append(entry_label(entry, parent))
