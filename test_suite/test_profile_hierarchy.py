@@ -287,6 +287,36 @@ def test_regional_compilation_attributes_each_layer_call() -> None:
                                        "input_layernorm (Qwen2RMSNorm)", "post_attention_layernorm (Qwen2RMSNorm)"}
 
 
+class _DropoutBlock(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(16, 16)
+        self.drop = torch.nn.Dropout(0.1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.drop(torch.relu(self.lin(x)))
+
+
+def dropout_model() -> tuple[torch.nn.Module, tuple[torch.Tensor]]:
+    """Two blocks with dropout: Inductor draws one tensor of RNG seeds per graph for both."""
+    torch.manual_seed(0)
+    return torch.nn.Sequential(_DropoutBlock(), _DropoutBlock()), (torch.randn(4, 16),)
+
+
+def test_inductor_rng_seeds_attributed_to_the_common_scope() -> None:
+    """Training with dropout: the wrapper's seed kernel (``aten.randint.low_out``, an event
+    ``aten::randint``) serves every dropout of the graph, so it sits at their common scope."""
+    result = profile(f"{__name__}:dropout_model", backend="inductor", train=True, iters=1)
+    assert result.report.unattributed_events == 0, result.summary()
+    assert result.report.share == 1.0, result.summary()
+    forward = next(g for g in result.graphs if g.kind == "forward")
+    seeds = [k for k in forward.kernels if k.key == "aten::randint"]
+    assert len(seeds) == 1 and seeds[0].hierarchy == ()
+    assert "aten::randint" in result.root.ops  # the root: both blocks' dropouts draw from it
+    for block in ("0 (_DropoutBlock)", "1 (_DropoutBlock)"):
+        assert scope_at(result.root, block, "lin (Linear)").total_count >= 1
+
+
 def test_wrapper_calls_splits_bodies() -> None:
     source = "\n".join([
         "def repeated_subgraph0(args):",

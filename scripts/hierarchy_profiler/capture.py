@@ -291,10 +291,11 @@ def kernel_key(name: str) -> str:
     """The profiler event name of a kernel named as in Inductor's generated wrapper."""
     if name.startswith("extern_kernels."):
         return "aten::" + name[len("extern_kernels."):]
-    if name.startswith("torch.ops."):
-        parts = name[len("torch.ops."):].split(".")
-        if len(parts) >= 2:
-            return f"{parts[0]}::{parts[1]}"
+    # a fallback (``torch.ops.aten.add.Tensor``) or an extern kernel named by its op
+    # (``aten.randint.low_out``: Inductor's RNG seeds); generated kernels have no dots
+    parts = name.removeprefix("torch.ops.").split(".")
+    if len(parts) >= 2 and "::" not in name:
+        return f"{parts[0]}::{parts[1]}"
     return name
 
 
