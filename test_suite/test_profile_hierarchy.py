@@ -317,6 +317,57 @@ def test_inductor_rng_seeds_attributed_to_the_common_scope() -> None:
         assert scope_at(result.root, block, "lin (Linear)").total_count >= 1
 
 
+class _Relu(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(32, 32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x).relu()
+
+
+class _LoopBreak(torch.nn.Module):
+    """A graph break inside a loop: Dynamo runs ``forward`` eagerly and compiles each layer's frame."""
+
+    def __init__(self, layer: type[torch.nn.Module]) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList(layer() for _ in range(2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x) * 2.0
+            torch._dynamo.graph_break()
+            x = torch.tanh(x) + x.sin().cos()
+        return x
+
+
+def loop_break_model() -> tuple[torch.nn.Module, tuple[torch.Tensor]]:
+    torch.manual_seed(0)
+    return _LoopBreak(_Relu), (torch.randn(64, 32),)
+
+
+def loop_break_linear_model() -> tuple[torch.nn.Module, tuple[torch.Tensor]]:
+    """As above with plain ``nn.Linear`` layers, whose frames Dynamo skips: nothing is compiled."""
+    torch.manual_seed(0)
+    return _LoopBreak(lambda: torch.nn.Linear(32, 32)), (torch.randn(64, 32),)
+
+
+def test_frame_run_eagerly_is_reported_with_its_time(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The eager ops are timed even inside the CLI's own per-iteration range (not a compiled region)."""
+    torch._dynamo.reset()
+    assert main(["--model", f"{__name__}:loop_break_model", "--out", str(tmp_path / "a")]) == 0
+    out = capsys.readouterr().out
+    warning = next(line for line in out.splitlines() if line.startswith("warning: Dynamo:"))
+    assert "ran eagerly" in warning
+    eager_ms = float(warning.split("outside compiled regions: ")[1].split(" ms")[0])
+    assert eager_ms > 0.0, warning  # tanh, sin, cos, mul of the eager forward
+    assert "layers.1 (_Relu)" in out
+    torch._dynamo.reset()
+    assert main(["--model", f"{__name__}:loop_break_linear_model", "--out", str(tmp_path / "b")]) == 2
+    err = capsys.readouterr().err
+    assert "ran no kernel" in err and "ran eagerly" in err and "Traceback" not in err
+
+
 def test_wrapper_calls_splits_bodies() -> None:
     source = "\n".join([
         "def repeated_subgraph0(args):",

@@ -42,7 +42,11 @@ from .capture import DYNAMO_RANGE, GRAPH_RANGE, Capture, CompiledGraph, Kernel, 
 UNATTRIBUTED = "(unattributed)"
 SCOPE_CAT = "call_hierarchy"
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation")
-REGION_PREFIXES = ("Torch-Compiled Region", "## ")  # compiled code runs inside these
+# Compiled code runs inside these: Dynamo's frames, our Dynamo graph runs and compiled-graph calls,
+# Inductor's.  Not every "## ...": a range the user adds around an iteration (the CLI's
+# "## call_hierarchy iteration i ##") would make every eager op "compiled".
+REGION_PREFIXES = ("Torch-Compiled Region", "## call_hierarchy graph ", "## call_hierarchy dynamo graph ",
+                   "## Call CompiledFxGraph")
 
 
 @dataclasses.dataclass

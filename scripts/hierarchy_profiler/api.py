@@ -234,12 +234,13 @@ class CallHierarchyProfiler:
             path = Path(tmp) / "trace.json"
             prof.export_chrome_trace(str(path))
             doc, strict = jsonio.loads(path.read_bytes())
+        eager = _dynamo_eager_frames(self._frames_before)
         report = annotate(doc, self.capture)
         if not report.samples:
+            why = f"; Dynamo: {'; '.join(eager)}" if eager else ""
             raise ProfileError("the compiled graphs ran no kernel or op in the profiled iterations "
-                               "(nothing to attribute)")
+                               f"(nothing to attribute){why}")
         root = build_tree(report.samples, iterations, self.capture.scopes.root_label)
-        eager = _dynamo_eager_frames(self._frames_before)
         doc["callHierarchy"] = {
             "format": "args.call_hierarchy: scope labels from the model root, outermost first",
             "measured_iterations": iterations,
