@@ -313,6 +313,8 @@ def test_inductor_rng_seeds_attributed_to_the_common_scope() -> None:
     seeds = [k for k in forward.kernels if k.key == "aten::randint"]
     assert len(seeds) == 1 and seeds[0].hierarchy == ()
     assert "aten::randint" in result.root.ops  # the root: both blocks' dropouts draw from it
+    # torch.compile(nn.Sequential) compiles torch's wrapper frame around the call: still the model
+    assert not any(node.label.endswith("(outside the model)") for _, node in result.root.walk())
     for block in ("0 (_DropoutBlock)", "1 (_DropoutBlock)"):
         assert scope_at(result.root, block, "lin (Linear)").total_count >= 1
 
@@ -366,6 +368,43 @@ def test_frame_run_eagerly_is_reported_with_its_time(tmp_path: Path, capsys: pyt
     assert main(["--model", f"{__name__}:loop_break_linear_model", "--out", str(tmp_path / "b")]) == 2
     err = capsys.readouterr().err
     assert "ran no kernel" in err and "ran eagerly" in err and "Traceback" not in err
+
+
+def test_compiled_step_function_ops_outside_the_model() -> None:
+    """``torch.compile(train_step)(model, x)``: the loss and the optimizer step are the step
+    function's, not the model's; the model's ops keep the model's scopes."""
+    torch._dynamo.reset()
+    workload = models.nested()
+    model, (x,) = workload.model, workload.args
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def train_step(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+        loss = model(x).pow(2).mean()
+        loss.backward()  # a graph break: the optimizer step runs in the resume function
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    hp = CallHierarchyProfiler(model)
+    with hp:
+        step = torch.compile(train_step)
+        step(model, x)
+        with hp.profile() as prof:
+            step(model, x)
+            prof.step()
+    result = hp.result
+    assert result is not None and result.report.share >= 0.99, result.summary()
+    check_tree_adds_up(result)
+    outside = "train_step (outside the model)"
+    assert scope_at(result.root, "layers.1 (Block)", "mlp (MLP)", "up (Linear)").total_count >= 1
+    assert [depth for depth, node in result.root.walk() if node.label == outside] == [1]
+    by_graph: dict[str, set[str]] = {}
+    for sample in result.report.samples:
+        kind = sample.attribution.graph.rsplit(" ", 1)[1]
+        by_graph.setdefault(kind, set()).add(sample.attribution.scope[1] if len(sample.attribution.scope) > 1 else "")
+    assert by_graph["inference"] == {outside}, by_graph  # the optimizer step
+    assert outside in by_graph["forward"] and outside in by_graph["backward"]  # the loss and its gradient
+    assert "head (Linear)" in by_graph["forward"]
 
 
 def test_wrapper_calls_splits_bodies() -> None:

@@ -37,7 +37,8 @@ from collections.abc import Iterable
 from operator import itemgetter
 from typing import Any
 
-from .capture import DYNAMO_RANGE, GRAPH_RANGE, Capture, CompiledGraph, Kernel, Labels, event_key
+from .capture import (DYNAMO_RANGE, GRAPH_RANGE, Capture, CompiledGraph, Hierarchy, Kernel, Labels, event_key,
+                      is_module_entry)
 
 UNATTRIBUTED = "(unattributed)"
 SCOPE_CAT = "call_hierarchy"
@@ -219,7 +220,7 @@ def annotate(doc: dict[str, Any], capture: Capture) -> Report:
     parent, children, self_us = nesting.parent, nesting.children, nesting.self_us
     calls = nesting.calls
 
-    pending: dict[int, list[tuple[str, ...] | None]] = {}
+    pending: dict[int, list[tuple[tuple[str, ...] | None, str | None]]] = {}
     attributions: dict[int, Attribution] = {}
     samples: list[Sample] = []
     new_events: list[dict[str, Any]] = []
@@ -227,7 +228,7 @@ def annotate(doc: dict[str, Any], capture: Capture) -> Report:
     unattributed_events = unknown_stacks = 0
     graph_ranges: set[int] = set()
     # one Attribution per (runtime stack, kernel): shared by every call of that kernel
-    memo: dict[tuple[tuple[str, ...] | None, int], Attribution] = {}
+    memo: dict[tuple[tuple[str, ...] | None, str | None, int], Attribution] = {}
     keys: dict[str, str] = {}  # event name -> event_key
 
     for _ts, t, r in calls:
@@ -237,19 +238,21 @@ def annotate(doc: dict[str, Any], capture: Capture) -> Report:
         # The runtime module stack: from the enclosing Dynamo graph run, or (backward) the
         # latest forward run of the same Dynamo graph.
         stack: tuple[str, ...] | None = None
+        outside: str | None = None  # the run's caller is a function outside the model
         p = parent[r]
         while p >= 0:
             dm = DYNAMO_RANGE.match(str(events[p].get("name", "")))
             if dm:
                 sid = int(dm.group(2))
-                stack = capture.stacks[sid] if sid < len(capture.stacks) else None
+                if sid < len(capture.stacks):
+                    stack, outside = capture.stacks[sid], capture.outside[sid]
                 break
             p = parent[p]
         if graph is not None and graph.kind == "forward":
-            pending.setdefault(graph.dynamo_graph, []).append(stack)
+            pending.setdefault(graph.dynamo_graph, []).append((stack, outside))
         elif graph is not None and graph.kind == "backward":
             waiting = pending.get(graph.dynamo_graph)
-            stack = waiting.pop() if waiting else None
+            stack, outside = waiting.pop() if waiting else (None, None)
             if stack is None:
                 unknown_stacks += 1
         base = stack or ()
@@ -270,14 +273,17 @@ def annotate(doc: dict[str, Any], capture: Capture) -> Report:
                 why = "not a kernel of this graph" if graph is not None else "graph not captured"
                 att = Attribution(capture.scopes.absolute(base) + (UNATTRIBUTED,), name, graph=graph_name, reason=why)
             else:
-                found = memo.get((stack, id(kernel)))
+                found = memo.get((stack, outside, id(kernel)))
                 if found is None:
                     scope = capture.scopes.absolute(base, *kernel.sites, kernel.hierarchy)
                     sources = tuple(capture.scopes.absolute(base, *kernel.sites, s) for s in kernel.sources)
+                    if outside is not None and not _enters_a_module(kernel.sites, kernel.hierarchy):
+                        scope = scope[:1] + (outside,) + scope[1:]
+                        sources = tuple(s[:1] + (outside,) + s[1:] for s in sources)
                     if stack is None and graph.backward:
                         scope = scope[:1] + ("(forward call not in trace)",) + scope[1:]
                     label = kernel.name + (" (bw)" if graph.backward else "")
-                    found = memo[(stack, id(kernel))] = Attribution(scope, label, graph.backward, sources, graph_name)
+                    found = memo[(stack, outside, id(kernel))] = Attribution(scope, label, graph.backward, sources, graph_name)
                 att = found
             kernel_events.append((c, att))
 
@@ -329,6 +335,10 @@ def annotate(doc: dict[str, Any], capture: Capture) -> Report:
 
     events.extend(new_events)
     return Report(samples, compiled_self, attributed_self, unattributed_events, len(calls), eager, unknown_stacks)
+
+
+def _enters_a_module(sites: tuple[Hierarchy, ...], hierarchy: Hierarchy) -> bool:
+    return any(is_module_entry(e) for part in (*sites, hierarchy) for e in part)
 
 
 def _write(pairs: Iterable[tuple[dict[str, Any], Attribution]]) -> None:

@@ -467,13 +467,63 @@ class Capture:
         self.graphs: list[CompiledGraph] = []
         self.num_dynamo_graphs = 0
         self.stacks: list[tuple[str, ...]] = []
-        self._stack_ids: dict[tuple[str, ...], int] = {}
+        self._stack_ids: dict[tuple[tuple[str, ...], str | None], int] = {}
+        # per stack id: the label of the function outside the model a Dynamo graph run was
+        # called from (see note_frame), or None
+        self.outside: list[str | None] = []
+        # functions that call the model (``step(model, batch)``), by (filename, name) of their code
+        self._outside_functions: dict[tuple[str, str], str] = {}
 
-    def stack_id(self, stack: tuple[str, ...]) -> int:
-        sid = self._stack_ids.get(stack)
+    def note_frame(self, gm: fx.GraphModule) -> None:
+        """Record the function of a frame Dynamo compiled (``gm.meta["call_hierarchy_root"]``) if
+        it runs outside the model: a function, not a module's dispatch, that calls the model
+        itself (``torch.compile(step)(model, batch)``: a module entry that is the model's root).
+
+        Graph runs made while such a function runs, and not inside a module of the model
+        (its own graph, its resume functions', an optimizer step it calls), run outside the
+        model: their ops that enter no module (loss, optimizer) are labelled so.
+        """
+        root = gm.meta.get("call_hierarchy_root")
+        if not isinstance(root, dict) or root.get("module_class") is not None:
+            return
+        if str(root.get("module")).partition(".")[0] == "torch":
+            return  # torch's own wrapper of a module call (``nn.Sequential``: ``wrap_inline``), not a user's function
+        key = (str(root.get("filename")), str(root.get("name")))
+        if key not in self._outside_functions and self._calls_the_model(gm):
+            name = str(root.get("qualname") or root.get("name")).rpartition("<locals>.")[2]
+            self._outside_functions[key] = f"{name} (outside the model)"
+
+    def _calls_the_model(self, gm: fx.GraphModule) -> bool:
+        root_class = self.scopes.root_label
+        for node in gm.graph.nodes:
+            for entry in node.meta.get("call_hierarchy") or ():
+                if is_module_entry(entry):  # the outermost module entry: is it the model?
+                    cls = str(_field(entry, "class_name", "class"))
+                    if cls == root_class and self.scopes._rebase("", _field(entry, "path"), cls) == "":
+                        return True
+                    break
+        return False
+
+    def _outside_caller(self) -> str | None:
+        """The label of the innermost running function that calls the model, if any."""
+        functions = self._outside_functions
+        if not functions:
+            return None
+        frame = sys._getframe(2)
+        while frame is not None:
+            code = frame.f_code
+            label = functions.get((code.co_filename, code.co_name))
+            if label is not None:
+                return label
+            frame = frame.f_back
+        return None
+
+    def stack_id(self, stack: tuple[str, ...], outside: str | None = None) -> int:
+        sid = self._stack_ids.get((stack, outside))
         if sid is None:
-            sid = self._stack_ids[stack] = len(self.stacks)
+            sid = self._stack_ids[(stack, outside)] = len(self.stacks)
             self.stacks.append(stack)
+            self.outside.append(outside)
         return sid
 
     def new_graph(self, dynamo_graph: int, kind: str, backend: str) -> CompiledGraph:
@@ -489,7 +539,8 @@ class Capture:
         def run(*args: Any) -> Any:
             if not _profiling():
                 return compiled(*args)
-            sid = self.stack_id(scopes.module_stack())
+            stack = scopes.module_stack()
+            sid = self.stack_id(stack, None if stack else self._outside_caller())
             with record(f"{RANGE_PREFIX}dynamo graph {dynamo_graph} @ {sid} ##"):
                 return compiled(*args)
 
@@ -511,6 +562,7 @@ class Capture:
                           example_inputs: Any, **kwargs: Any) -> Any:
         dynamo_graph = self.num_dynamo_graphs
         self.num_dynamo_graphs += 1
+        self.note_frame(gm)
         kwargs["inner_compile"] = self._inner_compile(dynamo_graph, kwargs.get("inner_compile"))
         return self.wrap_dynamo_graph(compile_fx(gm, example_inputs, **kwargs), dynamo_graph)
 
@@ -561,6 +613,7 @@ class Capture:
         def backend(gm: fx.GraphModule, example_inputs: list[Any]) -> Any:
             dynamo_graph = self.num_dynamo_graphs
             self.num_dynamo_graphs += 1
+            self.note_frame(gm)
 
             def compiler(kind: str) -> Callable[[fx.GraphModule, Any], Any]:
                 def compile_graph(aten_gm: fx.GraphModule, _inputs: Any) -> Any:
