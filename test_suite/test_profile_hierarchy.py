@@ -526,14 +526,16 @@ def test_refusals_before_compiling(tmp_path: Path, capsys: pytest.CaptureFixture
     assert a_file.read_text() == "keep me\n"
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root can write anywhere")
 def test_unwritable_out_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     locked = tmp_path / "locked"
     locked.mkdir()
     locked.chmod(0o500)
+    # root passes permission checks: it cannot create files in /sys (a virtual file system)
+    parent = Path("/sys") if os.geteuid() == 0 else locked
     try:
-        assert main(["--out", str(locked / "out")]) == 2
-        assert "is not writable" in capsys.readouterr().err
+        assert main(["--model", "no-such-model-is-built-first", "--out", str(parent / "out")]) == 2
+        err = capsys.readouterr().err
+        assert f"{parent} is not writable" in err and "Traceback" not in err, err
     finally:
         locked.chmod(0o700)
 

@@ -111,8 +111,13 @@ def check_out(out: Path) -> None:
         probe = probe.parent
     if not probe.is_dir():
         raise ProfileError(f"--out {out}: {probe} is not a directory")
-    if not os.access(probe, os.W_OK | os.X_OK):
-        raise ProfileError(f"--out {out}: {probe} is not writable")
+    # Create a file there rather than ask os.access: root passes every permission check but
+    # not a read-only or virtual file system (/sys, /proc, a read-only mount)
+    try:
+        with tempfile.NamedTemporaryFile(dir=probe, prefix=".call_hierarchy-probe-"):
+            pass
+    except OSError as e:
+        raise ProfileError(f"--out {out}: {probe} is not writable ({e.strerror or e})") from None
 
 
 def prepare_out(out: Path) -> Path:
