@@ -37,8 +37,17 @@ from collections.abc import Iterable
 from operator import itemgetter
 from typing import Any
 
-from .capture import (DYNAMO_RANGE, GRAPH_RANGE, Capture, CompiledGraph, Hierarchy, Kernel, Labels, event_key,
-                      is_module_entry)
+from .capture import (
+    DYNAMO_RANGE,
+    GRAPH_RANGE,
+    Capture,
+    CompiledGraph,
+    Hierarchy,
+    Kernel,
+    Labels,
+    event_key,
+    is_module_entry,
+)
 
 UNATTRIBUTED = "(unattributed)"
 SCOPE_CAT = "call_hierarchy"
