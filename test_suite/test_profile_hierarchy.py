@@ -360,7 +360,7 @@ def test_frame_run_eagerly_is_reported_with_its_time(tmp_path: Path, capsys: pyt
     assert main(["--model", f"{__name__}:loop_break_model", "--out", str(tmp_path / "a")]) == 0
     out = capsys.readouterr().out
     warning = next(line for line in out.splitlines() if line.startswith("warning: Dynamo:"))
-    assert "ran eagerly" in warning
+    assert "ran eagerly" in warning and "frames skipped: forward (" in warning and "graph break in loop" in warning
     eager_ms = float(warning.split("outside compiled regions: ")[1].split(" ms")[0])
     assert eager_ms > 0.0, warning  # tanh, sin, cos, mul of the eager forward
     assert "layers.1 (_Relu)" in out

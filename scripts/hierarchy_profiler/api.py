@@ -33,6 +33,7 @@ import contextlib
 import dataclasses
 import gc
 import os
+import re
 import tempfile
 import warnings
 from collections.abc import Callable, Iterator
@@ -129,16 +130,31 @@ def prepare_out(out: Path) -> Path:
     return out
 
 
-def _dynamo_eager_frames(before: dict[str, int]) -> list[str]:
-    """Frames Dynamo gave up on (ran eagerly) since ``before``, with the reason it logged."""
+def _dynamo_counters() -> dict[str, dict[str, int]]:
     from torch._dynamo.utils import counters
 
-    frames = counters["frames"]
-    skipped = (frames.get("total", 0) - before.get("total", 0)) - (frames.get("ok", 0) - before.get("ok", 0))
+    return {name: dict(counters[name]) for name in ("frames", "graph_break", "unimplemented")}
+
+
+def _dynamo_eager_frames(before: dict[str, dict[str, int]]) -> list[str]:
+    """Frames Dynamo gave up on (ran eagerly) since ``before``, with the graph breaks it logged since."""
+    now = _dynamo_counters()
+    frames, old = now["frames"], before.get("frames", {})
+    skipped = (frames.get("total", 0) - old.get("total", 0)) - (frames.get("ok", 0) - old.get("ok", 0))
     out = []
     if skipped > 0:
-        reasons = [str(k) for k in counters.get("graph_break", {})]
-        reason = f" (graph breaks: {'; '.join(r.splitlines()[0] for r in reasons[:3])})" if reasons else ""
+        def new(counter: str) -> list[str]:
+            return [str(k) for k, n in now[counter].items() if n > before.get(counter, {}).get(k, 0)]
+
+        # Dynamo's message for a frame it gave up on ends with the last graph break, naming the frame
+        frames = []
+        for message in new("unimplemented"):
+            m = re.search(r"frame skipped: ([^\n]*)", message)
+            if m:
+                frames.append(f"{m.group(1).strip()}: {message.rsplit('***', 1)[-1].strip().splitlines()[0]}")
+        reasons = frames or [r.splitlines()[0] for r in new("graph_break")]
+        label = "frames skipped" if frames else "graph breaks"
+        reason = f" ({label}: {'; '.join(reasons[:3])})" if reasons else ""
         out.append(f"{skipped} frame(s) ran eagerly, not compiled{reason}")
     return out
 
@@ -151,7 +167,7 @@ class CallHierarchyProfiler:
         self.capture = Capture(model)
         self.result: ProfileResult | None = None
         self._stack: contextlib.ExitStack | None = None
-        self._frames_before: dict[str, int] = {}
+        self._counters_before: dict[str, dict[str, int]] = {}
 
     # ---- configuration and capture
 
@@ -164,8 +180,6 @@ class CallHierarchyProfiler:
         raise ProfileError(f"unknown backend {name!r}: use one of {', '.join(BACKENDS)}")
 
     def __enter__(self) -> CallHierarchyProfiler:
-        from torch._dynamo.utils import counters
-
         stack = contextlib.ExitStack()
         stack.enter_context(torch._dynamo.config.patch(record_call_hierarchy=True))
         stack.enter_context(torch._inductor.config.patch({
@@ -177,7 +191,7 @@ class CallHierarchyProfiler:
         stack.enter_context(warnings.catch_warnings())
         warnings.filterwarnings("ignore", message="Your compiler for AOTAutograd is returning a function")
         stack.enter_context(self._default_backend())
-        self._frames_before = dict(counters["frames"])
+        self._counters_before = _dynamo_counters()
         self._stack = stack
         return self
 
@@ -239,7 +253,7 @@ class CallHierarchyProfiler:
             path = Path(tmp) / "trace.json"
             prof.export_chrome_trace(str(path))
             doc, strict = jsonio.loads(path.read_bytes())
-        eager = _dynamo_eager_frames(self._frames_before)
+        eager = _dynamo_eager_frames(self._counters_before)
         report = annotate(doc, self.capture)
         if not report.samples:
             why = f"; Dynamo: {'; '.join(eager)}" if eager else ""
