@@ -407,6 +407,30 @@ def test_compiled_step_function_ops_outside_the_model() -> None:
     assert "head (Linear)" in by_graph["forward"]
 
 
+def test_profile_with_a_schedule_annotates_each_cycle() -> None:
+    """``schedule(wait, warmup, active, repeat)``: each cycle's trace is annotated when it is ready,
+    and its means are over the steps it recorded, not over every ``prof.step()``."""
+    from scripts.hierarchy_profiler.api import ProfileError
+
+    plain = profile("nested", iters=2)
+    torch._dynamo.reset()
+    workload = models.nested()
+    hp = CallHierarchyProfiler(workload.model)
+    with hp, torch.no_grad():
+        compiled = torch.compile(workload.model)
+        compiled(*workload.args)
+        schedule = torch.profiler.schedule(wait=1, warmup=1, active=2, repeat=2)
+        with hp.profile(schedule=schedule) as prof:
+            for _ in range(9):  # two cycles of 4 steps, then one waiting step
+                compiled(*workload.args)
+                prof.step()
+        assert [(r.iterations, r.report.graph_calls) for r in hp.results] == [(2, 2), (2, 2)]
+        assert hp.result is hp.results[-1]
+        assert hp.result.root.total_count == plain.root.total_count  # per iteration, as without a schedule
+        with pytest.raises(ProfileError, match="exported only once"), hp.profile(on_trace_ready=print):
+            pass
+
+
 def test_wrapper_calls_splits_bodies() -> None:
     source = "\n".join([
         "def repeated_subgraph0(args):",

@@ -166,6 +166,7 @@ class CallHierarchyProfiler:
         self.model = model
         self.capture = Capture(model)
         self.result: ProfileResult | None = None
+        self.results: list[ProfileResult] = []  # one per trace (schedule cycle) of the last profile()
         self._stack: contextlib.ExitStack | None = None
         self._counters_before: dict[str, dict[str, int]] = {}
 
@@ -227,17 +228,49 @@ class CallHierarchyProfiler:
         """``torch.profiler.profile(**profile_kwargs)``; its trace is annotated on exit.
 
         Times are means over ``iterations`` (default: the number of ``prof.step()`` calls,
-        at least 1).  The result is in :attr:`result`.
+        at least 1).  The result is in :attr:`result`.  With a ``schedule``, each trace the
+        schedule completes is annotated as it is ready (:attr:`results`, one per cycle;
+        :attr:`result` is the last) and times are means over the steps it recorded (its
+        ``ProfilerStep#N`` ranges).  ``on_trace_ready`` is refused: a profiler trace can be
+        exported only once, and this profiler exports it to annotate it; save the annotated
+        trace with ``hp.result.save(dir)``.
         """
+        if profile_kwargs.get("on_trace_ready") is not None:
+            raise ProfileError("profile(on_trace_ready=...) is not supported: a profiler trace can be exported "
+                               "only once and the call-hierarchy profiler exports it to annotate it; read "
+                               "hp.result (hp.results: one per schedule cycle) and write it with hp.result.save(dir)")
         profile_kwargs.setdefault("activities", _activities())
+        results: list[ProfileResult] = []
+        self.results = results
+        scheduled = profile_kwargs.get("schedule") is not None
+        errors: list[ProfileError] = []
+        if scheduled:
+            def on_trace_ready(prof: torch.profiler.profile) -> None:
+                try:
+                    results.append(self.annotate(prof, iterations, title))
+                except ProfileError as e:  # e.g. stopped in a cycle's warm-up: its trace holds no step
+                    errors.append(e)
+                    return
+                self.result = results[-1]
+
+            profile_kwargs["on_trace_ready"] = on_trace_ready
         prof = torch.profiler.profile(**profile_kwargs)
         with prof:
             yield prof
-        steps = iterations if iterations is not None else max(1, prof.step_num)
-        self.result = self.annotate(prof, steps, title)
+        if not scheduled:
+            self.result = self.annotate(prof, iterations if iterations is not None else max(1, prof.step_num), title)
+            results.append(self.result)
+        elif not results:
+            why = f": {errors[-1]}" if errors else " (it stopped before an active step): run more steps"
+            raise ProfileError(f"no trace of the profiler's schedule in the {prof.step_num} step(s) run could be "
+                               f"annotated{why}")
 
-    def annotate(self, prof: torch.profiler.profile, iterations: int, title: str | None = None) -> ProfileResult:
-        """Export ``prof``'s Chrome trace, attribute its events, build the tree."""
+    def annotate(self, prof: torch.profiler.profile, iterations: int | None, title: str | None = None) -> ProfileResult:
+        """Export ``prof``'s Chrome trace, attribute its events, build the tree.
+
+        ``iterations``: how many iterations the trace holds, for the means; ``None``: its
+        ``ProfilerStep#N`` ranges (a profiler with a schedule records them), else 1.
+        """
         # Post-processing allocates many small objects: a process that just compiled a model
         # holds millions of objects, which full collections would scan again and again.
         enabled = gc.isenabled()
@@ -248,11 +281,13 @@ class CallHierarchyProfiler:
             if enabled:
                 gc.enable()
 
-    def _annotate(self, prof: torch.profiler.profile, iterations: int, title: str | None) -> ProfileResult:
+    def _annotate(self, prof: torch.profiler.profile, iterations: int | None, title: str | None) -> ProfileResult:
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / "trace.json"
             prof.export_chrome_trace(str(path))
             doc, strict = jsonio.loads(path.read_bytes())
+        if iterations is None:
+            iterations = _recorded_steps(doc) or 1
         eager = _dynamo_eager_frames(self._counters_before)
         report = annotate(doc, self.capture)
         if not report.samples:
@@ -271,6 +306,12 @@ class CallHierarchyProfiler:
         return ProfileResult(root, report, doc, iterations, self.capture.num_dynamo_graphs,
                              len(self.capture.graphs), eager, list(self.capture.graphs),
                              title or "call hierarchy profile", strict)
+
+
+def _recorded_steps(doc: dict[str, Any]) -> int:
+    """The number of distinct ``ProfilerStep#N`` ranges in the trace: the steps it recorded."""
+    return len({e.get("name") for e in doc.get("traceEvents", ())
+                if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#")})
 
 
 def _activities() -> list[torch.profiler.ProfilerActivity]:
