@@ -524,6 +524,22 @@ hp.result.save({str(tmp_path / "out")!r})
     assert (tmp_path / "out" / "trace.json").is_file()
 
 
+def test_backend_given_by_name_is_a_clear_error() -> None:
+    """``torch.compile(model, backend="aot_eager")`` bypasses the capture: say so, not "ran no kernel"."""
+    from scripts.hierarchy_profiler.api import ProfileError
+
+    torch._dynamo.reset()
+    workload = models.nested()
+    hp = CallHierarchyProfiler(workload.model)
+    with hp, torch.no_grad():
+        compiled = torch.compile(workload.model, backend="aot_eager")
+        compiled(*workload.args)
+        with pytest.raises(ProfileError, match=r"compiled 1 graph\(s\) inside `with hp`, none through the profiler"):
+            with hp.profile() as prof:
+                compiled(*workload.args)
+                prof.step()
+
+
 # --------------------------------------------------------------------------- bad input
 
 

@@ -133,7 +133,7 @@ def prepare_out(out: Path) -> Path:
 def _dynamo_counters() -> dict[str, dict[str, int]]:
     from torch._dynamo.utils import counters
 
-    return {name: dict(counters[name]) for name in ("frames", "graph_break", "unimplemented")}
+    return {name: dict(counters[name]) for name in ("frames", "graph_break", "unimplemented", "stats")}
 
 
 def _dynamo_eager_frames(before: dict[str, dict[str, int]]) -> list[str]:
@@ -291,6 +291,13 @@ class CallHierarchyProfiler:
         eager = _dynamo_eager_frames(self._counters_before)
         report = annotate(doc, self.capture)
         if not report.samples:
+            graphs = _dynamo_counters()["stats"].get("unique_graphs", 0) - self._counters_before["stats"].get(
+                "unique_graphs", 0)
+            if graphs > 0 and not self.capture.graphs:
+                raise ProfileError(
+                    f"Dynamo compiled {graphs} graph(s) inside `with hp`, none through the profiler: compile with "
+                    "the default backend (torch.compile(model)) or backend=hp.backend('aot_eager'); a backend "
+                    "given by name is not captured")
             why = f"; Dynamo: {'; '.join(eager)}" if eager else ""
             raise ProfileError("the compiled graphs ran no kernel or op in the profiled iterations "
                                f"(nothing to attribute){why}")
