@@ -377,9 +377,10 @@ def test_compiled_step_function_ops_outside_the_model() -> None:
     workload = models.nested()
     model, (x,) = workload.model, workload.args
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    criterion = torch.nn.MSELoss()  # a module, but not one of the model's
 
-    def train_step(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-        loss = model(x).pow(2).mean()
+    def train_step(model: torch.nn.Module, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        loss = criterion(model(x), target)
         loss.backward()  # a graph break: the optimizer step runs in the resume function
         opt.step()
         opt.zero_grad()
@@ -388,9 +389,10 @@ def test_compiled_step_function_ops_outside_the_model() -> None:
     hp = CallHierarchyProfiler(model)
     with hp:
         step = torch.compile(train_step)
-        step(model, x)
+        target = torch.ones(4, 4)
+        step(model, x, target)
         with hp.profile() as prof:
-            step(model, x)
+            step(model, x, target)
             prof.step()
     result = hp.result
     assert result is not None and result.report.share >= 0.99, result.summary()
@@ -405,6 +407,7 @@ def test_compiled_step_function_ops_outside_the_model() -> None:
     assert by_graph["inference"] == {outside}, by_graph  # the optimizer step
     assert outside in by_graph["forward"] and outside in by_graph["backward"]  # the loss and its gradient
     assert "head (Linear)" in by_graph["forward"]
+    assert scope_at(result.root, outside, "criterion (MSELoss)").total_count >= 1
 
 
 def test_profile_with_a_schedule_annotates_each_cycle() -> None:

@@ -37,17 +37,7 @@ from collections.abc import Iterable
 from operator import itemgetter
 from typing import Any
 
-from .capture import (
-    DYNAMO_RANGE,
-    GRAPH_RANGE,
-    Capture,
-    CompiledGraph,
-    Hierarchy,
-    Kernel,
-    Labels,
-    event_key,
-    is_module_entry,
-)
+from .capture import DYNAMO_RANGE, GRAPH_RANGE, Capture, CompiledGraph, Kernel, Labels, event_key
 
 UNATTRIBUTED = "(unattributed)"
 SCOPE_CAT = "call_hierarchy"
@@ -286,7 +276,7 @@ def annotate(doc: dict[str, Any], capture: Capture) -> Report:
                 if found is None:
                     scope = capture.scopes.absolute(base, *kernel.sites, kernel.hierarchy)
                     sources = tuple(capture.scopes.absolute(base, *kernel.sites, s) for s in kernel.sources)
-                    if outside is not None and not _enters_a_module(kernel.sites, kernel.hierarchy):
+                    if outside is not None and not capture.enters_the_model(*kernel.sites, kernel.hierarchy):
                         scope = scope[:1] + (outside,) + scope[1:]
                         sources = tuple(s[:1] + (outside,) + s[1:] for s in sources)
                     if stack is None and graph.backward:
@@ -344,10 +334,6 @@ def annotate(doc: dict[str, Any], capture: Capture) -> Report:
 
     events.extend(new_events)
     return Report(samples, compiled_self, attributed_self, unattributed_events, len(calls), eager, unknown_stacks)
-
-
-def _enters_a_module(sites: tuple[Hierarchy, ...], hierarchy: Hierarchy) -> bool:
-    return any(is_module_entry(e) for part in (*sites, hierarchy) for e in part)
 
 
 def _write(pairs: Iterable[tuple[dict[str, Any], Attribution]]) -> None:

@@ -504,6 +504,18 @@ class Capture:
                     break
         return False
 
+    def enters_the_model(self, *parts: Hierarchy) -> bool:
+        """Whether a hierarchy of a graph run outside the model calls a module of the model
+        (not, say, a loss module of the step function)."""
+        modules = self.scopes.modules
+        for part in parts:
+            for entry in part:
+                if is_module_entry(entry):
+                    cls = str(_field(entry, "class_name", "class"))
+                    if self.scopes._rebase("", _field(entry, "path") or "", cls) in modules:
+                        return True
+        return False
+
     def _outside_caller(self) -> str | None:
         """The label of the innermost running function that calls the model, if any."""
         functions = self._outside_functions
