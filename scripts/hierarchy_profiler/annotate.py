@@ -274,11 +274,9 @@ def annotate(doc: dict[str, Any], capture: Capture) -> Report:
             else:
                 found = memo.get((stack, outside, id(kernel)))
                 if found is None:
-                    scope = capture.scopes.absolute(base, *kernel.sites, kernel.hierarchy)
-                    sources = tuple(capture.scopes.absolute(base, *kernel.sites, s) for s in kernel.sources)
-                    if outside is not None and not capture.enters_the_model(*kernel.sites, kernel.hierarchy):
-                        scope = scope[:1] + (outside,) + scope[1:]
-                        sources = tuple(s[:1] + (outside,) + s[1:] for s in sources)
+                    scope = capture.scopes.absolute(base, *kernel.sites, kernel.hierarchy, outside=outside)
+                    sources = tuple(capture.scopes.absolute(base, *kernel.sites, s, outside=outside)
+                                    for s in kernel.sources)
                     if stack is None and graph.backward:
                         scope = scope[:1] + ("(forward call not in trace)",) + scope[1:]
                     label = kernel.name + (" (bw)" if graph.backward else "")

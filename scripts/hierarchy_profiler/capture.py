@@ -188,9 +188,15 @@ class RuntimeScopes:
             self._entries[id(entry)] = found  # keeps the entry alive: its id stays its own
         return found
 
-    def absolute(self, stack: tuple[str, ...], *parts: Hierarchy) -> Labels:
-        """Labels from the model root: the running module stack, then each part rebased."""
-        key = (stack, tuple(map(id, parts[0]))) if len(parts) == 1 else (stack, *[tuple(map(id, p)) for p in parts])
+    def absolute(self, stack: tuple[str, ...], *parts: Hierarchy, outside: str | None = None) -> Labels:
+        """Labels from the model root: the running module stack, then each part rebased.
+
+        ``outside``: the label of a function outside the model that the graph ran under
+        (``train_step (outside the model)``); it goes after the root when no part enters a
+        module of the model (the loss, a loss module, the optimizer step).
+        """
+        key = ((stack, outside, tuple(map(id, parts[0]))) if len(parts) == 1
+               else (stack, outside, *[tuple(map(id, p)) for p in parts]))
         found = self._memo.get(key)
         if found is not None:
             return found[1]
@@ -202,6 +208,7 @@ class RuntimeScopes:
             parent = path
         previous_class: str | None = None
         rebased = self._rebased
+        entered = False  # a module entry resolved to a module of the model
         for hierarchy in parts:
             # paths of one part are relative to the module running it: the innermost module so far
             base = parent
@@ -212,17 +219,21 @@ class RuntimeScopes:
                     module = modules.get(own)
                     if (previous_class is not None and own and module is not None
                             and type(module).__name__ == cls and (parent == own or parent.startswith(own + "."))):
+                        entered = True
                         continue  # a body naming a module its call site is already inside
                     path = rebased.get((base, id(entry)))
                     if path is None:
                         path = rebased[(base, id(entry))] = self._rebase(base, own, raw_class)
                     previous_class = cls
+                    entered = entered or path in modules
                     if path == parent or path == base:
                         continue  # the running module itself: the root, or already on the stack
                     out.append(module_label(path, parent, cls, int(count or 0)))
                     parent = path
                 else:
                     out.append(entry_label(entry, parent))
+        if outside is not None and not entered:
+            out.insert(1, outside)
         result = tuple(out)
         self._memo[key] = (parts, result)
         return result
@@ -494,26 +505,18 @@ class Capture:
             self._outside_functions[key] = f"{name} (outside the model)"
 
     def _calls_the_model(self, gm: fx.GraphModule) -> bool:
-        root_class = self.scopes.root_label
+        """Whether a node's outermost module entry is the model itself (its root)."""
+        scopes = self.scopes
+        checked: set[int] = set()  # a graph's nodes share their entries: each module entry is checked once
         for node in gm.graph.nodes:
             for entry in node.meta.get("call_hierarchy") or ():
-                if is_module_entry(entry):  # the outermost module entry: is it the model?
-                    cls = str(_field(entry, "class_name", "class"))
-                    if cls == root_class and self.scopes._rebase("", _field(entry, "path"), cls) == "":
-                        return True
+                _, is_module, raw_class, cls, path, _ = scopes._entry(entry)
+                if is_module:
+                    if id(entry) not in checked:
+                        checked.add(id(entry))
+                        if cls == scopes.root_label and scopes._rebase("", path, raw_class) == "":
+                            return True
                     break
-        return False
-
-    def enters_the_model(self, *parts: Hierarchy) -> bool:
-        """Whether a hierarchy of a graph run outside the model calls a module of the model
-        (not, say, a loss module of the step function)."""
-        modules = self.scopes.modules
-        for part in parts:
-            for entry in part:
-                if is_module_entry(entry):
-                    cls = str(_field(entry, "class_name", "class"))
-                    if self.scopes._rebase("", _field(entry, "path") or "", cls) in modules:
-                        return True
         return False
 
     def _outside_caller(self) -> str | None:
