@@ -410,6 +410,47 @@ def test_compiled_step_function_ops_outside_the_model() -> None:
     assert scope_at(result.root, outside, "criterion (MSELoss)").total_count >= 1
 
 
+def _step_calling_the_model() -> Any:
+    def step(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+        return model(x).sum()  # the sum is the step function's: outside the model
+
+    return step
+
+
+def _namesake_not_calling_it() -> Any:
+    def step(y: torch.Tensor) -> torch.Tensor:  # same file, same name, another function
+        return (y * y).sum()
+
+    return step
+
+
+def test_outside_function_told_apart_from_a_namesake() -> None:
+    """A function outside the model is known by its code's file, first line and name: a compiled
+    function of the same name in the same file, which does not call the model, is not taken for it."""
+    torch._dynamo.reset()
+    workload = models.nested()
+    model, (x,) = workload.model, workload.args
+    hp = CallHierarchyProfiler(model)
+    with hp, torch.no_grad():
+        step, namesake = torch.compile(_step_calling_the_model()), torch.compile(_namesake_not_calling_it())
+        step(model, x)
+        namesake(x)
+        with hp.profile() as prof:
+            step(model, x)
+            namesake(x)
+            prof.step()
+    result = hp.result
+    assert result is not None and result.report.share >= 0.99, result.summary()
+    assert [g.kind for g in result.graphs] == ["inference", "inference"]
+    outside = "step (outside the model)"
+    tops: dict[str, set[str]] = {}  # graph -> the labels below the root of its kernels
+    for sample in result.report.samples:
+        scope = sample.attribution.scope
+        tops.setdefault(sample.attribution.graph, set()).add(scope[1] if len(scope) > 1 else "")
+    assert outside in tops["graph 0 inference"], tops  # the step function's sum
+    assert outside not in tops["graph 1 inference"], tops  # the namesake's ops are not the step's
+
+
 def test_profile_with_a_schedule_annotates_each_cycle() -> None:
     """``schedule(wait, warmup, active, repeat)``: each cycle's trace is annotated when it is ready,
     and its means are over the steps it recorded, not over every ``prof.step()``."""

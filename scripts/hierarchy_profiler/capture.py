@@ -482,8 +482,9 @@ class Capture:
         # per stack id: the label of the function outside the model a Dynamo graph run was
         # called from (see note_frame), or None
         self.outside: list[str | None] = []
-        # functions that call the model (``step(model, batch)``), by (filename, name) of their code
-        self._outside_functions: dict[tuple[str, str], str] = {}
+        # functions that call the model (``step(model, batch)``), by (filename, first line, name)
+        # of their code: a namesake in the same file is another function
+        self._outside_functions: dict[tuple[str, int, str], str] = {}
 
     def note_frame(self, gm: fx.GraphModule) -> None:
         """Record the function of a frame Dynamo compiled (``gm.meta["call_hierarchy_root"]``) if
@@ -499,7 +500,7 @@ class Capture:
             return
         if str(root.get("module")).partition(".")[0] == "torch":
             return  # torch's own wrapper of a module call (``nn.Sequential``: ``wrap_inline``), not a user's function
-        key = (str(root.get("filename")), str(root.get("name")))
+        key = (str(root.get("filename")), int(root.get("lineno") or 0), str(root.get("name")))
         if key not in self._outside_functions and self._calls_the_model(gm):
             name = str(root.get("qualname") or root.get("name")).rpartition("<locals>.")[2]
             self._outside_functions[key] = f"{name} (outside the model)"
@@ -527,7 +528,7 @@ class Capture:
         frame = sys._getframe(2)
         while frame is not None:
             code = frame.f_code
-            label = functions.get((code.co_filename, code.co_name))
+            label = functions.get((code.co_filename, code.co_firstlineno, code.co_name))
             if label is not None:
                 return label
             frame = frame.f_back
