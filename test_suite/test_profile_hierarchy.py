@@ -410,6 +410,40 @@ def test_compiled_step_function_ops_outside_the_model() -> None:
     assert scope_at(result.root, outside, "criterion (MSELoss)").total_count >= 1
 
 
+def test_compiled_function_run_outside_the_model() -> None:
+    """An optimizer step compiled on its own and run after backward, while no module of the
+    model runs: its kernels are outside the model (by the function Dynamo compiled), not the
+    model's root's own."""
+    torch._dynamo.reset()
+    workload = models.nested()
+    model, (x,) = workload.model, workload.args
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    hp = CallHierarchyProfiler(model)
+    with hp:
+        compiled = torch.compile(model)
+        opt_step = torch.compile(opt.step)
+
+        def train() -> None:
+            opt.zero_grad(set_to_none=True)
+            compiled(x).sum().backward()
+            opt_step()
+
+        train()
+        with hp.profile() as prof:
+            train()
+            prof.step()
+    result = hp.result
+    assert result is not None and result.report.share >= 0.99, result.summary()
+    check_tree_adds_up(result)
+    tops: dict[str, set[str]] = {}  # graph kind -> the labels below the root of its kernels
+    for sample in result.report.samples:
+        scope = sample.attribution.scope
+        tops.setdefault(sample.attribution.graph.rsplit(" ", 1)[1], set()).add(scope[1] if len(scope) > 1 else "")
+    assert tops["inference"] == {"Adam.step (outside the model)"}, tops  # the optimizer step
+    assert not any("outside the model" in label for label in tops["forward"] | tops["backward"]), tops
+    assert scope_at(result.root, "layers.1 (Block)", "mlp (MLP)", "up (Linear)").total_count >= 1
+
+
 def _step_calling_the_model() -> Any:
     def step(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
         return model(x).sum()  # the sum is the step function's: outside the model
@@ -417,11 +451,9 @@ def _step_calling_the_model() -> Any:
     return step
 
 
-def _namesake_not_calling_it() -> Any:
-    def step(y: torch.Tensor) -> torch.Tensor:  # same file, same name, another function
+class _Namesake:
+    def step(self, y: torch.Tensor) -> torch.Tensor:  # same file, same name, another function
         return (y * y).sum()
-
-    return step
 
 
 def test_outside_function_told_apart_from_a_namesake() -> None:
@@ -432,7 +464,7 @@ def test_outside_function_told_apart_from_a_namesake() -> None:
     model, (x,) = workload.model, workload.args
     hp = CallHierarchyProfiler(model)
     with hp, torch.no_grad():
-        step, namesake = torch.compile(_step_calling_the_model()), torch.compile(_namesake_not_calling_it())
+        step, namesake = torch.compile(_step_calling_the_model()), torch.compile(_Namesake().step)
         step(model, x)
         namesake(x)
         with hp.profile() as prof:
@@ -442,13 +474,13 @@ def test_outside_function_told_apart_from_a_namesake() -> None:
     result = hp.result
     assert result is not None and result.report.share >= 0.99, result.summary()
     assert [g.kind for g in result.graphs] == ["inference", "inference"]
-    outside = "step (outside the model)"
     tops: dict[str, set[str]] = {}  # graph -> the labels below the root of its kernels
     for sample in result.report.samples:
         scope = sample.attribution.scope
         tops.setdefault(sample.attribution.graph, set()).add(scope[1] if len(scope) > 1 else "")
-    assert outside in tops["graph 0 inference"], tops  # the step function's sum
-    assert outside not in tops["graph 1 inference"], tops  # the namesake's ops are not the step's
+    assert "step (outside the model)" in tops["graph 0 inference"], tops  # the step function's sum
+    # the namesake runs outside the model on its own, not as the step function
+    assert tops["graph 1 inference"] == {"_Namesake.step (outside the model)"}, tops
 
 
 def test_profile_with_a_schedule_annotates_each_cycle() -> None:

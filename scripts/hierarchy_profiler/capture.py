@@ -132,14 +132,18 @@ class RuntimeScopes:
         self._entries: dict[int, tuple[Any, bool, Any, str, str, Any]] = {}
         self._rebased: dict[tuple[str, int], str] = {}
 
-    def module_stack(self) -> tuple[str, ...]:
+    def module_stack(self) -> tuple[str, ...] | None:
         """Paths of the model's modules whose frames are running, outermost first.
 
         A frame belongs to the module bound to one of its arguments (``self`` of
         ``forward``/``_call_impl``/a decorator wrapper, or a live local passed to a
         Dynamo resume function); with several, the outermost (shortest path) one.
+        ``None``: no module of the model runs at all (none is the ``self`` of a running frame,
+        and none but the model itself is an argument of one): code outside the model, such as
+        an optimizer step.
         """
         stack: list[str] = []
+        inside = False  # a method of one of the model's modules runs
         frame = sys._getframe(1)
         path_of = self.path_of
         while frame is not None:
@@ -150,13 +154,16 @@ class RuntimeScopes:
                 f_locals = frame.f_locals
                 for name in code.co_varnames[:nargs]:
                     path = path_of.get(id(f_locals.get(name)))
-                    if path is not None and (owner is None or len(path) < len(owner)):
-                        owner = path
+                    if path is not None:
+                        inside = inside or name == "self"
+                        if owner is None or len(path) < len(owner):
+                            owner = path
             if owner is not None and (not stack or stack[-1] != owner):
                 stack.append(owner)
             frame = frame.f_back
         stack.reverse()
-        return tuple(p for i, p in enumerate(stack) if p and p not in stack[:i])
+        paths = tuple(p for i, p in enumerate(stack) if p and p not in stack[:i])
+        return paths if paths or inside else None
 
     def _rebase(self, base: str, rel: str, cls: Any) -> str:
         """Absolute path of a module entry recorded relative to the running module ``base``.
@@ -486,24 +493,35 @@ class Capture:
         # of their code: a namesake in the same file is another function
         self._outside_functions: dict[tuple[str, int, str], str] = {}
 
-    def note_frame(self, gm: fx.GraphModule) -> None:
-        """Record the function of a frame Dynamo compiled (``gm.meta["call_hierarchy_root"]``) if
-        it runs outside the model: a function, not a module's dispatch, that calls the model
-        itself (``torch.compile(step)(model, batch)``: a module entry that is the model's root).
+    def note_frame(self, gm: fx.GraphModule) -> str | None:
+        """The label of the frame Dynamo compiled (``gm.meta["call_hierarchy_root"]``) for a run of
+        its graph outside the model (``opt_step (outside the model)``); records the function if
+        it calls the model itself (``torch.compile(step)(model, batch)``: a module entry that is
+        the model's root).
 
         Graph runs made while such a function runs, and not inside a module of the model
         (its own graph, its resume functions', an optimizer step it calls), run outside the
         model: their ops that enter no module (loss, optimizer) are labelled so.
         """
         root = gm.meta.get("call_hierarchy_root")
-        if not isinstance(root, dict) or root.get("module_class") is not None:
-            return
-        if str(root.get("module")).partition(".")[0] == "torch":
-            return  # torch's own wrapper of a module call (``nn.Sequential``: ``wrap_inline``), not a user's function
-        key = (str(root.get("filename")), int(root.get("lineno") or 0), str(root.get("name")))
-        if key not in self._outside_functions and self._calls_the_model(gm):
-            name = str(root.get("qualname") or root.get("name")).rpartition("<locals>.")[2]
-            self._outside_functions[key] = f"{name} (outside the model)"
+        if not isinstance(root, dict):
+            return None
+        if root.get("module_class") is not None:  # a module's forward: outside the model if not the model's
+            return f"{str(root['module_class']).rpartition('.')[2]} (outside the model)"
+        module = str(root.get("module"))
+        if module.startswith("torch._dynamo."):
+            # Dynamo's wrapper of a torch.nn module it compiles (``nn.Sequential``: ``wrap_inline``):
+            # the model's own call, though no frame of the model runs
+            return None
+        name = str(root.get("qualname") or root.get("name")).rpartition("<locals>.")[2]
+        label = f"{name} (outside the model)"
+        # torch's own code that calls the model calls it for the model, not as a user's step
+        # function does
+        if module.partition(".")[0] != "torch":
+            key = (str(root.get("filename")), int(root.get("lineno") or 0), str(root.get("name")))
+            if key not in self._outside_functions and self._calls_the_model(gm):
+                self._outside_functions[key] = label
+        return label
 
     def _calls_the_model(self, gm: fx.GraphModule) -> bool:
         """Whether a node's outermost module entry is the model itself (its root)."""
@@ -547,8 +565,13 @@ class Capture:
         self.graphs.append(graph)
         return graph
 
-    def wrap_dynamo_graph(self, compiled: Callable[..., Any], dynamo_graph: int) -> Callable[..., Any]:
-        """Each run of a Dynamo graph, while profiling, inside a range naming its module stack."""
+    def wrap_dynamo_graph(self, compiled: Callable[..., Any], dynamo_graph: int,
+                          own: str | None = None) -> Callable[..., Any]:
+        """Each run of a Dynamo graph, while profiling, inside a range naming its module stack.
+
+        ``own``: the label of the graph's frame (:meth:`note_frame`) for a run while no module
+        of the model runs and no function that calls the model does either.
+        """
         scopes = self.scopes
         record = torch._C._profiler._RecordFunctionFast
 
@@ -556,7 +579,10 @@ class Capture:
             if not _profiling():
                 return compiled(*args)
             stack = scopes.module_stack()
-            sid = self.stack_id(stack, None if stack else self._outside_caller())
+            if stack is None:  # outside the model: in a step function that calls it, or on its own
+                sid = self.stack_id((), self._outside_caller() or own)
+            else:
+                sid = self.stack_id(stack, None if stack else self._outside_caller())
             with record(f"{RANGE_PREFIX}dynamo graph {dynamo_graph} @ {sid} ##"):
                 return compiled(*args)
 
@@ -578,9 +604,9 @@ class Capture:
                           example_inputs: Any, **kwargs: Any) -> Any:
         dynamo_graph = self.num_dynamo_graphs
         self.num_dynamo_graphs += 1
-        self.note_frame(gm)
+        own = self.note_frame(gm)
         kwargs["inner_compile"] = self._inner_compile(dynamo_graph, kwargs.get("inner_compile"))
-        return self.wrap_dynamo_graph(compile_fx(gm, example_inputs, **kwargs), dynamo_graph)
+        return self.wrap_dynamo_graph(compile_fx(gm, example_inputs, **kwargs), dynamo_graph, own)
 
     def _inner_compile(self, dynamo_graph: int, inner: Callable[..., Any] | None) -> Callable[..., Any]:
         import torch._inductor.debug as inductor_debug
@@ -629,7 +655,7 @@ class Capture:
         def backend(gm: fx.GraphModule, example_inputs: list[Any]) -> Any:
             dynamo_graph = self.num_dynamo_graphs
             self.num_dynamo_graphs += 1
-            self.note_frame(gm)
+            own = self.note_frame(gm)
 
             def compiler(kind: str) -> Callable[[fx.GraphModule, Any], Any]:
                 def compile_graph(aten_gm: fx.GraphModule, _inputs: Any) -> Any:
@@ -655,6 +681,6 @@ class Capture:
                 inference_compiler=compiler("inference"),
                 keep_inference_input_mutations=True,
             )(gm, example_inputs)
-            return self.wrap_dynamo_graph(compiled, dynamo_graph)
+            return self.wrap_dynamo_graph(compiled, dynamo_graph, own)
 
         return backend
