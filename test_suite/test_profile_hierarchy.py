@@ -319,6 +319,44 @@ def test_inductor_rng_seeds_attributed_to_the_common_scope() -> None:
         assert scope_at(result.root, block, "lin (Linear)").total_count >= 1
 
 
+class _Attention(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv = torch.nn.Linear(16, 48)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(x).view(2, 4, 3, 2, 8).permute(2, 0, 3, 1, 4)
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(2, 4, 16)
+
+
+class _CheckpointedAttention(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.attn = _Attention()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.utils.checkpoint.checkpoint(self.attn, x, use_reentrant=False)
+
+
+def checkpointed_attention_model() -> tuple[torch.nn.Module, tuple[torch.Tensor]]:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(_CheckpointedAttention(), _CheckpointedAttention()), (torch.randn(2, 4, 16),)
+
+
+@pytest.mark.parametrize("backend", ["inductor", "aot_eager"])
+def test_checkpointed_random_op_attributed(backend: str) -> None:
+    """Activation checkpointing of a random op (SDPA is one even without dropout): AOTAutograd
+    runs it inside ``run_and_save_rng_state`` and its recomputation inside
+    ``run_with_rng_state``; the profiler records the op they run, which is the kernel."""
+    result = profile(f"{__name__}:checkpointed_attention_model", backend=backend, train=True, iters=1)
+    assert result.report.unattributed_events == 0, result.summary()
+    assert result.report.share == 1.0, result.summary()
+    for block in ("0 (_CheckpointedAttention)", "1 (_CheckpointedAttention)"):
+        ops = scope_at(result.root, block, "attn (_Attention)").ops
+        assert any(op.startswith("aten::_scaled_dot_product") and not op.endswith("(bw)") for op in ops), ops
+        assert any(op.startswith("aten::_scaled_dot_product") and op.endswith("(bw)") for op in ops), ops
+
+
 class _Relu(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()

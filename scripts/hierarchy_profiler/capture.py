@@ -323,6 +323,27 @@ def aten_key(target: Any) -> str | None:
     return None
 
 
+def wrapper_op_name(target: Any) -> str:
+    """How Inductor's generated wrapper names the op ``target`` when it calls it as a fallback."""
+    if isinstance(target, torch._ops.HigherOrderOperator):  # str() is its bare name
+        return f"torch.ops.{target.namespace}.{target.name()}"
+    return f"torch.ops.{target}"
+
+
+# Higher-order ops that run an op with the RNG state saved or restored (a random op under
+# activation checkpointing, and its recomputation).  They run in Python and record no profiler
+# event: the op they run does.
+_RNG_STATE_OPS = frozenset({"run_and_save_rng_state", "run_with_rng_state", "graphsafe_run_with_rng_state"})
+
+
+def ran_op_key(node: fx.Node) -> str | None:
+    """The event key of the op that an RNG-state higher-order op node runs; ``None`` for other nodes."""
+    target = node.target
+    if isinstance(target, torch._ops.HigherOrderOperator) and target.name() in _RNG_STATE_OPS:
+        return next((aten_key(a) for a in node.args if isinstance(a, torch._ops.OpOverload)), None)
+    return None
+
+
 def _node_hierarchy(node: fx.Node, backward: bool) -> Hierarchy | None:
     meta = node.meta
     if backward and meta.get("fwd_call_hierarchy") is not None:
@@ -411,8 +432,9 @@ def inductor_kernels(graph: CompiledGraph, gm: fx.GraphModule, provenance: dict[
         found = [table[o] for o in provenance.get(key, ()) if o in table]
         # A fallback extern kernel also lists the nodes that computed its inputs: keep the
         # node whose op it runs.
-        own = [n for n in found if f"torch.ops.{n.target}" == kernel_name]
-        return _make_kernel(kernel_name, own or found, graph.backward)
+        own = [n for n in found if wrapper_op_name(n.target) == kernel_name]
+        ran = ran_op_key(own[0]) if len(own) == 1 else None
+        return _make_kernel(ran or kernel_name, own or found, graph.backward)
 
     if source is None or not bodies:
         def handle(key: str) -> int:
@@ -456,7 +478,7 @@ def aten_graph_kernels(graph: CompiledGraph, gm: fx.GraphModule) -> None:
                     site = _node_hierarchy(node, graph.backward) or ()
                     expand(body, site_prefix + (site,), depth + 1)
                 continue
-            key = aten_key(node.target)
+            key = aten_key(node.target) or ran_op_key(node)
             if key is not None:
                 k = _make_kernel(key, [node], graph.backward)
                 k.sites = site_prefix

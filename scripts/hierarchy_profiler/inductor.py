@@ -19,7 +19,7 @@ import torch
 from torch import fx
 from torch.fx.call_hierarchy import common_call_hierarchy
 
-from .capture import Hierarchy
+from .capture import Hierarchy, wrapper_op_name
 
 
 @contextlib.contextmanager
@@ -42,7 +42,7 @@ def _kernels(gm: fx.GraphModule, backward: bool) -> list[tuple[str, Hierarchy]]:
         kernel_name = key.rpartition(":")[0]
         # A fallback extern kernel (no origin_node) also lists the nodes that computed its
         # inputs; the op it runs is the one whose scope it belongs to.
-        own = [o for o in origins if o in nodes and f"torch.ops.{nodes[o].target}" == kernel_name]
+        own = [o for o in origins if o in nodes and wrapper_op_name(nodes[o].target) == kernel_name]
         if own:
             origins = own
         hierarchies = []
