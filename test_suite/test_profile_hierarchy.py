@@ -357,6 +357,74 @@ def test_checkpointed_random_op_attributed(backend: str) -> None:
         assert any(op.startswith("aten::_scaled_dot_product") and op.endswith("(bw)") for op in ops), ops
 
 
+class _Branchy(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.Linear(16, 16)
+        self.b = torch.nn.Linear(16, 16)
+        self.out = torch.nn.Linear(16, 4)
+
+    def positive(self, x: torch.Tensor) -> torch.Tensor:
+        return self.a(x).relu()
+
+    def negative(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(x).sin()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(torch.cond(x.sum() > 0, self.positive, self.negative, (x,)))
+
+
+class _CondModel(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = _Branchy()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x) * 2.0
+
+
+@pytest.mark.parametrize("backend", ["inductor", "aot_eager"])
+@pytest.mark.parametrize("train", [False, True])
+def test_cond_branch_that_ran_is_attributed(backend: str, train: bool) -> None:
+    """torch.cond: which branch runs is known only at run time.  Each iteration runs both (one
+    input each way): every kernel is in its own branch's scope, none in the scope of the op
+    after the cond (Inductor names the branches' node like the outer graph's)."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = _CondModel()
+    model.train(train)
+    x = torch.randn(4, 16).abs()
+    hp = CallHierarchyProfiler(model)
+    with hp:
+        compiled = torch.compile(model) if backend == "inductor" else torch.compile(model, backend=hp.backend(backend))
+
+        def step() -> None:
+            for inputs in (x, -x):  # the positive branch, then the negative one
+                if train:
+                    model.zero_grad(set_to_none=True)
+                    compiled(inputs).sum().backward()
+                else:
+                    with torch.no_grad():
+                        compiled(inputs)
+
+        step()
+        with hp.profile() as prof:
+            step()
+            prof.step()
+    result = hp.result
+    assert result is not None
+    assert result.report.unattributed_events == 0, result.summary()
+    assert result.report.share == 1.0, result.summary()
+    check_tree_adds_up(result)
+    inner = scope_at(result.root, "inner (_Branchy)")
+    branches = {label: node for label, node in inner.children.items() if label not in ("out (Linear)",)}
+    assert sorted(branches) == ["_Branchy.negative#0", "_Branchy.positive#0"], list(inner.children)
+    assert scope_at(inner, "_Branchy.positive#0", "a (Linear)").total_count >= 1
+    assert scope_at(inner, "_Branchy.negative#0", "b (Linear)").total_count >= 1
+    # the op after the cond ran once per call, twice per iteration: no branch kernel among its calls
+    assert scope_at(inner, "out (Linear)").ops["aten::addmm"][0] == 2, scope_at(inner, "out (Linear)").ops
+
+
 class _Relu(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()

@@ -6,7 +6,9 @@ compiled graphs.  Per thread, complete events (``ph: "X"``) nest by time.  Insid
 graph ``G`` in the order its generated code makes them (Inductor: ``graph_N_cpp_fused_*``
 CPU kernels, ``aten::*`` extern kernels and fallbacks; Triton kernels by name;
 ``aot_eager``: ATen ops); they are matched in order, by name, against the graph's kernel
-list.  Every event below a matched kernel call (ATen ops an extern kernel dispatches) gets
+list; a ``torch.cond`` branch that ran is a range ``## call_hierarchy branch <name> ##``
+among them, whose direct children are matched against that branch's kernel list.  Every
+event below a matched kernel call (ATen ops an extern kernel dispatches) gets
 that kernel's attribution; a device (GPU) event gets the attribution of the CPU event that
 launched it (``args.correlation``).
 
@@ -37,9 +39,10 @@ from collections.abc import Iterable
 from operator import itemgetter
 from typing import Any
 
-from .capture import DYNAMO_RANGE, GRAPH_RANGE, Capture, CompiledGraph, Kernel, Labels, event_key
+from .capture import BRANCH_RANGE, DYNAMO_RANGE, GRAPH_RANGE, Capture, Kernel, Labels, event_key
 
 UNATTRIBUTED = "(unattributed)"
+BRANCH_PREFIX = "## call_hierarchy branch "
 SCOPE_CAT = "call_hierarchy"
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation")
 # Compiled code runs inside these: Dynamo's frames, our Dynamo graph runs and compiled-graph calls,
@@ -193,8 +196,8 @@ class _Matcher:
 
     LOOKAHEAD = 64
 
-    def __init__(self, graph: CompiledGraph) -> None:
-        self.kernels = graph.kernels
+    def __init__(self, kernels: list[Kernel]) -> None:
+        self.kernels = kernels
         self.pos = 0
 
     def match(self, key: str) -> Kernel | None:
@@ -256,33 +259,45 @@ def annotate(doc: dict[str, Any], capture: Capture) -> Report:
                 unknown_stacks += 1
         base = stack or ()
         graph_name = f"graph {graph.index} {graph.kind}" if graph else events[r]["name"]
-        matcher = _Matcher(graph) if graph is not None else None
         kernel_events: list[tuple[int, Attribution]] = []
-        for c in children[r] or ():
-            name = events[c].get("name", "")
-            if not isinstance(name, str):
-                name = str(name)
-            kernel = None
-            if matcher is not None:
-                key = keys.get(name)
-                if key is None:
-                    key = keys[name] = event_key(name)
-                kernel = matcher.match(key)
+
+        def attribution(kernel: Kernel | None, name: str) -> Attribution:
             if kernel is None or graph is None:
                 why = "not a kernel of this graph" if graph is not None else "graph not captured"
-                att = Attribution(capture.scopes.absolute(base) + (UNATTRIBUTED,), name, graph=graph_name, reason=why)
-            else:
-                found = memo.get((stack, outside, id(kernel)))
-                if found is None:
-                    scope = capture.scopes.absolute(base, *kernel.sites, kernel.hierarchy, outside=outside)
-                    sources = tuple(capture.scopes.absolute(base, *kernel.sites, s, outside=outside)
-                                    for s in kernel.sources)
-                    if stack is None and graph.backward:
-                        scope = scope[:1] + ("(forward call not in trace)",) + scope[1:]
-                    label = kernel.name + (" (bw)" if graph.backward else "")
-                    found = memo[(stack, outside, id(kernel))] = Attribution(scope, label, graph.backward, sources, graph_name)
-                att = found
-            kernel_events.append((c, att))
+                return Attribution(capture.scopes.absolute(base) + (UNATTRIBUTED,), name, graph=graph_name, reason=why)
+            found = memo.get((stack, outside, id(kernel)))
+            if found is None:
+                scope = capture.scopes.absolute(base, *kernel.sites, kernel.hierarchy, outside=outside)
+                sources = tuple(capture.scopes.absolute(base, *kernel.sites, s, outside=outside)
+                                for s in kernel.sources)
+                if stack is None and graph.backward:
+                    scope = scope[:1] + ("(forward call not in trace)",) + scope[1:]
+                label = kernel.name + (" (bw)" if graph.backward else "")
+                found = memo[(stack, outside, id(kernel))] = Attribution(scope, label, graph.backward, sources, graph_name)
+            return found
+
+        def match(calls: Iterable[int], matcher: _Matcher | None) -> None:
+            """The kernel calls among ``calls`` (events of one graph call, or of a cond branch's call)."""
+            for c in calls:
+                name = events[c].get("name", "")
+                if not isinstance(name, str):
+                    name = str(name)
+                if graph is not None and graph.branches and name.startswith(BRANCH_PREFIX):
+                    b = BRANCH_RANGE.match(name)
+                    branch = graph.branches.get(b.group(1)) if b else None
+                    if branch is not None:  # the branch that ran: its own time is Python's, not a kernel's
+                        _write([(events[c], attribution(branch.call, name))])
+                        match(children[c] or (), _Matcher(branch.kernels))
+                        continue
+                kernel = None
+                if matcher is not None:
+                    key = keys.get(name)
+                    if key is None:
+                        key = keys[name] = event_key(name)
+                    kernel = matcher.match(key)
+                kernel_events.append((c, attribution(kernel, name)))
+
+        match(children[r] or (), _Matcher(graph.kernels) if graph is not None else None)
 
         for c, att in kernel_events:
             total_self = 0.0

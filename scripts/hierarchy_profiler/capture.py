@@ -15,11 +15,13 @@ the ordered list of kernels it calls and, per kernel, its scope:
   from several nodes gets their lowest common scope, and keeps the distinct source scopes.
 * aot_eager: every ``call_function`` node with an ATen target of the ATen graph, in order.
 
-Two ``record_function`` ranges (visible only while the profiler runs) link profiler events
+Three ``record_function`` ranges (visible only while the profiler runs) link profiler events
 to this record: ``## call_hierarchy dynamo graph D @ S ##`` around each run of a Dynamo graph
 (``S`` numbers the module-call stack of the running program at that call, which graph
-breaks and shared graphs need), and ``## call_hierarchy graph G <kind> ##`` around each call
-of a compiled graph ``G``.  The compiled code itself is not changed.
+breaks and shared graphs need), ``## call_hierarchy graph G <kind> ##`` around each call
+of a compiled graph ``G``, and ``## call_hierarchy branch <name> ##`` around each call of a
+``torch.cond`` branch (which of the two runs is known only at run time).  The compiled code
+itself is not changed.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ Labels = tuple[str, ...]
 RANGE_PREFIX = "## call_hierarchy "
 DYNAMO_RANGE = re.compile(r"^## call_hierarchy dynamo graph (\d+) @ (\d+) ##$")
 GRAPH_RANGE = re.compile(r"^## call_hierarchy graph (\d+) (\w+) ##$")
+BRANCH_RANGE = re.compile(r"^## call_hierarchy branch (\S+) ##$")
 
 
 # --------------------------------------------------------------------------- entries
@@ -280,6 +283,15 @@ class Kernel:
 
 
 @dataclasses.dataclass
+class Branch:
+    """A branch of a ``torch.cond``: whether it runs is known only at run time, from its range
+    (``## call_hierarchy branch <name> ##``) around the call of its code."""
+
+    call: Kernel  # the call itself, at the cond's scope (its own time is Python's, not a kernel's)
+    kernels: list[Kernel] = dataclasses.field(default_factory=list)  # its kernel calls, in run order
+
+
+@dataclasses.dataclass
 class CompiledGraph:
     index: int
     dynamo_graph: int
@@ -287,6 +299,8 @@ class CompiledGraph:
     backend: str
     # every kernel call of one run, in run order (invoke_subgraph bodies expanded per call)
     kernels: list[Kernel] = dataclasses.field(default_factory=list)
+    # torch.cond branches by the name of their subgraph, matched when their range is in the trace
+    branches: dict[str, Branch] = dataclasses.field(default_factory=dict)
 
     @property
     def label(self) -> str:
@@ -362,6 +376,24 @@ def _body_name(node: fx.Node) -> str | None:
     return str(body.target) if isinstance(body, fx.Node) and body.op == "get_attr" else None
 
 
+def _cond_branches(gm: fx.GraphModule, backward: bool) -> dict[str, Hierarchy]:
+    """``torch.cond`` branch subgraph name -> the cond's hierarchy (its branches' nodes record
+    their own whole hierarchies: nothing to compose, unlike invoke_subgraph bodies)."""
+    branches: dict[str, Hierarchy] = {}
+    for node in gm.graph.nodes:
+        target = node.target
+        if node.op == "call_function" and isinstance(target, torch._ops.HigherOrderOperator) and target.name() == "cond":
+            for arg in node.args[1:3]:
+                if isinstance(arg, fx.Node) and arg.op == "get_attr":
+                    branches[str(arg.target)] = _node_hierarchy(node, backward) or ()
+    return branches
+
+
+def _branch(name: str, hierarchy: Hierarchy, site_prefix: tuple[Hierarchy, ...]) -> Branch:
+    return Branch(Kernel(f"{RANGE_PREFIX}branch {name} ##", f"{name} (torch.cond branch)", hierarchy,
+                         sites=site_prefix))
+
+
 def _call_sites(gm: fx.GraphModule, backward: bool) -> dict[str, list[Hierarchy]]:
     """invoke_subgraph body name -> the call sites' hierarchies, in graph order."""
     sites: dict[str, list[Hierarchy]] = {}
@@ -384,6 +416,7 @@ def _make_kernel(name: str, nodes: Sequence[fx.Node], backward: bool) -> Kernel:
 
 
 _DEF = re.compile(r"^(\s*)def (\w+)\(")
+_COND_ITEM = re.compile(r"^\s*if .+\.item\(\):\s*$")  # a torch.cond's predicate, read on the host
 _HANDLE = re.compile(r"# \[Provenance debug handles\] (\S+):(\d+)\s*$")
 
 
@@ -391,7 +424,8 @@ def wrapper_calls(source: str, functions: Iterable[str]) -> dict[str, list[tuple
     """Per function of Inductor's generated wrapper, its kernel calls and body calls in order.
 
     Items: ``("kernel", "<name>:<handle>")`` from the provenance comment Inductor writes
-    before each kernel call, ``("body", "<function>")`` for a call of an invoke_subgraph body.
+    before each kernel call, ``("body", "<function>")`` for a call of an invoke_subgraph body
+    or a torch.cond branch, ``("item", "")`` where a cond's predicate is read (``aten::item``).
     Functions that are not bodies are pooled under ``""`` (the graph's ``call``).
     """
     bodies = set(functions)
@@ -412,6 +446,8 @@ def wrapper_calls(source: str, functions: Iterable[str]) -> dict[str, list[tuple
         h = _HANDLE.search(line)
         if h:
             out[current].append(("kernel", f"{h.group(1)}:{h.group(2)}"))
+        elif _COND_ITEM.match(line):
+            out[current].append(("item", ""))
         elif call_of is not None and not line.lstrip().startswith("#"):
             c = call_of.search(line)
             if c:
@@ -426,6 +462,8 @@ def inductor_kernels(graph: CompiledGraph, gm: fx.GraphModule, provenance: dict[
     tables = {name: {n.name: n for n in m.graph.nodes} for name, m in modules.items()}
     sites = {name: _call_sites(m, graph.backward) for name, m in modules.items()}
     bodies = {b for s in sites.values() for b in s}
+    conds = {name: _cond_branches(m, graph.backward) for name, m in modules.items()}
+    branches = {b for c in conds.values() for b in c}
 
     def kernel(key: str, table: dict[str, fx.Node]) -> Kernel:
         kernel_name = key.rpartition(":")[0] or key
@@ -436,23 +474,36 @@ def inductor_kernels(graph: CompiledGraph, gm: fx.GraphModule, provenance: dict[
         ran = ran_op_key(own[0]) if len(own) == 1 else None
         return _make_kernel(ran or kernel_name, own or found, graph.backward)
 
-    if source is None or not bodies:
+    if source is None or not (bodies or branches):
         def handle(key: str) -> int:
             tail = key.rpartition(":")[2]
             return int(tail) if tail.isdigit() else 0
 
         graph.kernels = [kernel(k, tables[""]) for k in sorted(provenance, key=handle)]
         return
-    calls = wrapper_calls(source, bodies)
+    calls = wrapper_calls(source, bodies | branches)
     counts: dict[str, int] = {}
 
-    def expand(function: str, module: str, site_prefix: tuple[Hierarchy, ...], depth: int) -> None:
+    def expand(function: str, module: str, site_prefix: tuple[Hierarchy, ...], depth: int,
+               into: list[Kernel]) -> None:
         table = tables.get(module, tables[""])
-        for what, name in calls.get(function, []):
+        items = calls.get(function, [])
+        for i, (what, name) in enumerate(items):
             if what == "kernel":
                 k = kernel(name, table)
                 k.sites = site_prefix
-                graph.kernels.append(k)
+                into.append(k)
+            elif what == "item":  # the predicate of the cond whose branches are called next
+                branch = next((b for w, b in items[i + 1:] if w == "body" and b in branches), None)
+                owner = next((m for m, c in conds.items() if branch in c), "")
+                into.append(Kernel("aten::item", "aten::item", conds.get(owner, {}).get(branch or "", ()),
+                                   sites=site_prefix))
+            elif name in branches:
+                owner = next((m for m, c in conds.items() if name in c), "")
+                if name not in graph.branches and depth < 8:
+                    graph.branches[name] = _branch(name, conds[owner][name], site_prefix)
+                    branch_module = f"{owner}.{name}" if owner else name
+                    expand(name, branch_module, site_prefix, depth + 1, graph.branches[name].kernels)
             elif depth < 8:
                 owner = next((m for m, s in sites.items() if name in s), "")
                 call = counts.get(name, 0)
@@ -460,15 +511,17 @@ def inductor_kernels(graph: CompiledGraph, gm: fx.GraphModule, provenance: dict[
                 owner_sites = sites.get(owner, {}).get(name, [])
                 site = owner_sites[call % len(owner_sites)] if owner_sites else ()
                 body_module = f"{owner}.{name}" if owner else name
-                expand(name, body_module, site_prefix + (site,), depth + 1)
+                expand(name, body_module, site_prefix + (site,), depth + 1, into)
 
-    expand("", "", (), 0)
+    expand("", "", (), 0, graph.kernels)
 
 
 def aten_graph_kernels(graph: CompiledGraph, gm: fx.GraphModule) -> None:
     """Fill ``graph.kernels`` with the ATen ops of an ``aot_eager`` graph, in run order."""
 
-    def expand(module: fx.GraphModule, site_prefix: tuple[Hierarchy, ...], depth: int) -> None:
+    def expand(module: fx.GraphModule, site_prefix: tuple[Hierarchy, ...], depth: int, into: list[Kernel],
+               prefix: str) -> None:
+        conds = _cond_branches(module, graph.backward)
         for node in module.graph.nodes:
             if node.op != "call_function":
                 continue
@@ -476,15 +529,26 @@ def aten_graph_kernels(graph: CompiledGraph, gm: fx.GraphModule) -> None:
                 body = getattr(module, _body_name(node) or "", None)
                 if isinstance(body, fx.GraphModule):
                     site = _node_hierarchy(node, graph.backward) or ()
-                    expand(body, site_prefix + (site,), depth + 1)
+                    expand(body, site_prefix + (site,), depth + 1, into, f"{prefix}{_body_name(node)}.")
+                continue
+            names = [str(a.target) for a in node.args[1:3] if isinstance(a, fx.Node) and str(a.target) in conds]
+            if names and depth < 8:  # a torch.cond: its predicate read as a bool, then one branch
+                predicate = node.args[0]
+                if isinstance(predicate, fx.Node) and isinstance(predicate.meta.get("val"), torch.Tensor):
+                    into.append(Kernel("aten::is_nonzero", "aten::is_nonzero", conds[names[0]], sites=site_prefix))
+                for name in names:
+                    body = getattr(module, name, None)
+                    if isinstance(body, fx.GraphModule) and prefix + name not in graph.branches:
+                        graph.branches[prefix + name] = _branch(prefix + name, conds[name], site_prefix)
+                        expand(body, site_prefix, depth + 1, graph.branches[prefix + name].kernels, f"{prefix}{name}.")
                 continue
             key = aten_key(node.target) or ran_op_key(node)
             if key is not None:
                 k = _make_kernel(key, [node], graph.backward)
                 k.sites = site_prefix
-                graph.kernels.append(k)
+                into.append(k)
 
-    expand(gm, (), 0)
+    expand(gm, (), 0, graph.kernels, "")
 
 
 # --------------------------------------------------------------------------- the capture
@@ -496,6 +560,20 @@ ANNOTATE = True
 
 def _profiling() -> bool:
     return ANNOTATE and bool(torch.autograd.profiler._is_profiler_enabled)
+
+
+def _ranged(fn: Callable[..., Any], label: str) -> Callable[..., Any]:
+    """``fn``, inside a range named ``label`` while profiling."""
+    record = torch._C._profiler._RecordFunctionFast
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        if not _profiling():
+            return fn(*args, **kwargs)
+        with record(label):
+            return fn(*args, **kwargs)
+
+    run.__wrapped__ = fn  # type: ignore[attr-defined]
+    return run
 
 
 class Capture:
@@ -652,7 +730,8 @@ class Capture:
         return inner_compile
 
     def _label_calls(self, compiled: Any, graph: CompiledGraph) -> None:
-        """Name each call of the compiled graph with a range (the generated code is unchanged)."""
+        """Name each call of the compiled graph with a range (the generated code is unchanged),
+        and each call of a torch.cond branch's function (the module's global it calls)."""
         current = getattr(compiled, "current_callable", None)
         if current is None:
             return
@@ -666,6 +745,10 @@ class Capture:
                 return current(inputs)
 
         compiled.current_callable = call
+        namespace = getattr(getattr(current, "__func__", current), "__globals__", {})
+        for name, branch in graph.branches.items():
+            if callable(namespace.get(name)):
+                namespace[name] = _ranged(namespace[name], branch.call.key)
 
     # ---- aot_eager
 
@@ -683,6 +766,10 @@ class Capture:
                 def compile_graph(aten_gm: fx.GraphModule, _inputs: Any) -> Any:
                     graph = self.new_graph(dynamo_graph, kind, "aot_eager")
                     aten_graph_kernels(graph, aten_gm)
+                    for name, branch in graph.branches.items():  # the cond calls the branch module
+                        body = aten_gm.get_submodule(name)
+                        _ = body.code  # a lazy GraphModule makes its forward when its code is read
+                        body.forward = _ranged(body.forward, branch.call.key)  # type: ignore[method-assign]
                     label = graph.label
                     record = torch._C._profiler._RecordFunctionFast
                     forward = aten_gm.forward
