@@ -550,6 +550,43 @@ def test_compiled_function_run_outside_the_model() -> None:
     assert scope_at(result.root, "layers.1 (Block)", "mlp (MLP)", "up (Linear)").total_count >= 1
 
 
+def test_another_models_graphs_are_outside_the_model() -> None:
+    """Distillation: a compiled teacher of the student's architecture runs in the student's
+    step.  No module of the (student) model runs then: the teacher's kernels are outside the
+    model, not in the student's modules of the same paths."""
+    torch._dynamo.reset()
+    student, teacher = models.nested(), models.nested()
+    (x,) = student.args
+    hp = CallHierarchyProfiler(student.model)
+    with hp:
+        compiled_student, compiled_teacher = torch.compile(student.model), torch.compile(teacher.model)
+
+        def step() -> None:
+            student.model.zero_grad(set_to_none=True)
+            with torch.no_grad():
+                target = compiled_teacher(x)
+            torch.nn.functional.mse_loss(compiled_student(x), target).backward()
+
+        step()
+        with hp.profile() as prof:
+            step()
+            prof.step()
+    result = hp.result
+    assert result is not None and result.report.share >= 0.99, result.summary()
+    check_tree_adds_up(result)
+    outside = f"{type(teacher.model).__name__} (outside the model)"
+    tops: dict[str, set[str]] = {}  # graph kind -> the labels below the root of its kernels
+    for sample in result.report.samples:
+        scope = sample.attribution.scope
+        tops.setdefault(sample.attribution.graph.rsplit(" ", 1)[1], set()).add(scope[1] if len(scope) > 1 else "")
+    assert tops["inference"] == {outside}, tops  # the teacher's, every kernel
+    assert outside not in tops["forward"] | tops["backward"], tops  # the student's
+    # the student's Linear ran once in the iteration: the teacher's is not counted in it
+    up = scope_at(result.root, "layers.1 (Block)", "mlp (MLP)", "up (Linear)")
+    assert sum(count for op, (count, _) in up.ops.items() if not op.endswith("(bw)")) == 1, up.ops
+    assert scope_at(result.root, outside, "layers.1 (Block)", "mlp (MLP)", "up (Linear)").total_count == 1
+
+
 def _step_calling_the_model() -> Any:
     def step(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
         return model(x).sum()  # the sum is the step function's: outside the model

@@ -39,7 +39,7 @@ from collections.abc import Iterable
 from operator import itemgetter
 from typing import Any
 
-from .capture import BRANCH_RANGE, DYNAMO_RANGE, GRAPH_RANGE, Capture, Kernel, Labels, event_key
+from .capture import BRANCH_RANGE, DYNAMO_RANGE, GRAPH_RANGE, Capture, Kernel, Labels, Outside, event_key
 
 UNATTRIBUTED = "(unattributed)"
 BRANCH_PREFIX = "## call_hierarchy branch "
@@ -222,7 +222,7 @@ def annotate(doc: dict[str, Any], capture: Capture) -> Report:
     parent, children, self_us = nesting.parent, nesting.children, nesting.self_us
     calls = nesting.calls
 
-    pending: dict[int, list[tuple[tuple[str, ...] | None, str | None]]] = {}
+    pending: dict[int, list[tuple[tuple[str, ...] | None, Outside | None]]] = {}
     attributions: dict[int, Attribution] = {}
     samples: list[Sample] = []
     new_events: list[dict[str, Any]] = []
@@ -230,7 +230,7 @@ def annotate(doc: dict[str, Any], capture: Capture) -> Report:
     unattributed_events = unknown_stacks = 0
     graph_ranges: set[int] = set()
     # one Attribution per (runtime stack, kernel): shared by every call of that kernel
-    memo: dict[tuple[tuple[str, ...] | None, str | None, int], Attribution] = {}
+    memo: dict[tuple[tuple[str, ...] | None, Outside | None, int], Attribution] = {}
     keys: dict[str, str] = {}  # event name -> event_key
 
     for _ts, t, r in calls:
@@ -240,7 +240,7 @@ def annotate(doc: dict[str, Any], capture: Capture) -> Report:
         # The runtime module stack: from the enclosing Dynamo graph run, or (backward) the
         # latest forward run of the same Dynamo graph.
         stack: tuple[str, ...] | None = None
-        outside: str | None = None  # the run's caller is a function outside the model
+        outside: Outside | None = None  # the run is outside the model
         p = parent[r]
         while p >= 0:
             dm = DYNAMO_RANGE.match(str(events[p].get("name", "")))

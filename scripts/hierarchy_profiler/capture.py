@@ -110,6 +110,17 @@ def common_prefix(hierarchies: Iterable[Hierarchy]) -> Hierarchy:
 # --------------------------------------------------------------------------- runtime module stack
 
 
+@dataclasses.dataclass(frozen=True)
+class Outside:
+    """A Dynamo graph run outside the model, shown under ``label`` below the model's root."""
+
+    label: str  # e.g. "train_step (outside the model)"
+    # True: nothing of the run is the model's (an optimizer step, another model): every kernel
+    # goes under the label.  False: a function that calls the model (a step function): only its
+    # kernels that enter no module of the model do (the loss, the optimizer step).
+    whole: bool = False
+
+
 class RuntimeScopes:
     """Absolute scopes: runtime module-call stack + the hierarchies a kernel's graph records.
 
@@ -198,11 +209,12 @@ class RuntimeScopes:
             self._entries[id(entry)] = found  # keeps the entry alive: its id stays its own
         return found
 
-    def absolute(self, stack: tuple[str, ...], *parts: Hierarchy, outside: str | None = None) -> Labels:
+    def absolute(self, stack: tuple[str, ...], *parts: Hierarchy, outside: Outside | None = None) -> Labels:
         """Labels from the model root: the running module stack, then each part rebased.
 
         ``outside``: the label of a function outside the model that the graph ran under
-        (``train_step (outside the model)``); it goes after the root when no part enters a
+        (``train_step (outside the model)``); it goes after the root when the run is wholly
+        outside the model (:attr:`Outside.whole`) or when no part enters a
         module of the model (the loss, a loss module, the optimizer step).
         """
         key = ((stack, outside, tuple(map(id, parts[0]))) if len(parts) == 1
@@ -242,8 +254,8 @@ class RuntimeScopes:
                     parent = path
                 else:
                     out.append(entry_label(entry, parent))
-        if outside is not None and not entered:
-            out.insert(1, outside)
+        if outside is not None and (outside.whole or not entered):
+            out.insert(1, outside.label)
         result = tuple(out)
         self._memo[key] = (parts, result)
         return result
@@ -588,12 +600,12 @@ class Capture:
         self._stack_ids: dict[tuple[tuple[str, ...], str | None], int] = {}
         # per stack id: the label of the function outside the model a Dynamo graph run was
         # called from (see note_frame), or None
-        self.outside: list[str | None] = []
+        self.outside: list[Outside | None] = []
         # functions that call the model (``step(model, batch)``), by (filename, first line, name)
         # of their code: a namesake in the same file is another function
-        self._outside_functions: dict[tuple[str, int, str], str] = {}
+        self._outside_functions: dict[tuple[str, int, str], Outside] = {}
 
-    def note_frame(self, gm: fx.GraphModule) -> str | None:
+    def note_frame(self, gm: fx.GraphModule) -> Outside | None:
         """The label of the frame Dynamo compiled (``gm.meta["call_hierarchy_root"]``) for a run of
         its graph outside the model (``opt_step (outside the model)``); records the function if
         it calls the model itself (``torch.compile(step)(model, batch)``: a module entry that is
@@ -607,7 +619,7 @@ class Capture:
         if not isinstance(root, dict):
             return None
         if root.get("module_class") is not None:  # a module's forward: outside the model if not the model's
-            return f"{str(root['module_class']).rpartition('.')[2]} (outside the model)"
+            return Outside(f"{str(root['module_class']).rpartition('.')[2]} (outside the model)", whole=True)
         module = str(root.get("module"))
         if module.startswith("torch._dynamo."):
             # Dynamo's wrapper of a torch.nn module it compiles (``nn.Sequential``: ``wrap_inline``):
@@ -620,8 +632,8 @@ class Capture:
         if module.partition(".")[0] != "torch":
             key = (str(root.get("filename")), int(root.get("lineno") or 0), str(root.get("name")))
             if key not in self._outside_functions and self._calls_the_model(gm):
-                self._outside_functions[key] = label
-        return label
+                self._outside_functions[key] = Outside(label)
+        return Outside(label, whole=True)
 
     def _calls_the_model(self, gm: fx.GraphModule) -> bool:
         """Whether a node's outermost module entry is the model itself (its root)."""
@@ -638,7 +650,7 @@ class Capture:
                     break
         return False
 
-    def _outside_caller(self) -> str | None:
+    def _outside_caller(self) -> Outside | None:
         """The label of the innermost running function that calls the model, if any."""
         functions = self._outside_functions
         if not functions:
@@ -652,7 +664,7 @@ class Capture:
             frame = frame.f_back
         return None
 
-    def stack_id(self, stack: tuple[str, ...], outside: str | None = None) -> int:
+    def stack_id(self, stack: tuple[str, ...], outside: Outside | None = None) -> int:
         sid = self._stack_ids.get((stack, outside))
         if sid is None:
             sid = self._stack_ids[(stack, outside)] = len(self.stacks)
@@ -666,7 +678,7 @@ class Capture:
         return graph
 
     def wrap_dynamo_graph(self, compiled: Callable[..., Any], dynamo_graph: int,
-                          own: str | None = None) -> Callable[..., Any]:
+                          own: Outside | None = None) -> Callable[..., Any]:
         """Each run of a Dynamo graph, while profiling, inside a range naming its module stack.
 
         ``own``: the label of the graph's frame (:meth:`note_frame`) for a run while no module
