@@ -587,6 +587,34 @@ def test_another_models_graphs_are_outside_the_model() -> None:
     assert scope_at(result.root, outside, "layers.1 (Block)", "mlp (MLP)", "up (Linear)").total_count == 1
 
 
+@pytest.mark.parametrize("shape", ["layers wrapped", "profiler given the compiled model"])
+def test_torch_compile_wrapper_is_not_a_scope(shape: str) -> None:
+    """``layers[i] = torch.compile(layer)`` (torchtitan's regional compilation) and
+    ``CallHierarchyProfiler(torch.compile(model))``: torch.compile's ``OptimizedModule`` and its
+    ``_orig_mod`` are not scopes; the layer is ``layers.1 (Block)``."""
+    torch._dynamo.reset()
+    workload = models.nested()
+    model, (x,) = workload.model, workload.args
+    if shape == "layers wrapped":
+        for i, layer in enumerate(model.layers):
+            model.layers.register_module(str(i), torch.compile(layer))
+        run, hp = model, CallHierarchyProfiler(model)
+    else:
+        run = torch.compile(model)
+        hp = CallHierarchyProfiler(run)
+    with hp:
+        run(x).sum().backward()
+        with hp.profile() as prof:
+            run(x).sum().backward()
+            prof.step()
+    result = hp.result
+    assert result is not None and result.report.share >= 0.99, result.summary()
+    assert result.root.label == type(model).__name__
+    labels = {node.label for _, node in result.root.walk()}
+    assert not any("OptimizedModule" in label or "_orig_mod" in label for label in labels), labels
+    assert scope_at(result.root, "layers.1 (Block)", "mlp (MLP)", "up (Linear)").total_count >= 1
+
+
 def _step_calling_the_model() -> Any:
     def step(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
         return model(x).sum()  # the sum is the step function's: outside the model

@@ -121,6 +121,18 @@ class Outside:
     whole: bool = False
 
 
+def _unwrapped(module: Any) -> Any:
+    """The module that torch.compile's ``OptimizedModule`` wraps, else ``module``."""
+    while isinstance(module, torch._dynamo.eval_frame.OptimizedModule):
+        module = module._orig_mod
+    return module
+
+
+def _without_wrappers(path: str) -> str:
+    """``path`` without the ``_orig_mod`` levels of torch.compile's wrapper modules."""
+    return ".".join(p for p in path.split(".") if p != "_orig_mod") if "_orig_mod" in path else path
+
+
 class RuntimeScopes:
     """Absolute scopes: runtime module-call stack + the hierarchies a kernel's graph records.
 
@@ -134,9 +146,16 @@ class RuntimeScopes:
     """
 
     def __init__(self, model: nn.Module) -> None:
+        model = _unwrapped(model)
         self.root_label = type(model).__name__
-        self.modules: dict[str, nn.Module] = dict(model.named_modules())
+        # torch.compile's wrapper (``layers.0 = torch.compile(layer)``) is not a scope: it has
+        # its module's path, and ``_orig_mod`` is left out of paths
+        self.modules: dict[str, nn.Module] = {
+            _without_wrappers(p): m for p, m in model.named_modules() if _unwrapped(m) is m}
         self.path_of: dict[int, str] = {id(m): p for p, m in self.modules.items()}
+        for m in model.modules():
+            if _unwrapped(m) is not m and id(_unwrapped(m)) in self.path_of:
+                self.path_of[id(m)] = self.path_of[id(_unwrapped(m))]
         # by the identity of the entries: hashing entries is slow (no cached hash), and a
         # model's graphs share one entry object per scope; the parts kept alive with the result
         self._memo: dict[tuple[Any, ...], tuple[tuple[Hierarchy, ...], Labels]] = {}
@@ -202,7 +221,7 @@ class RuntimeScopes:
         if found is None or found[0] is not entry:
             if is_module_entry(entry):
                 raw_class = _field(entry, "class_name", "class")
-                found = (entry, True, raw_class, str(raw_class or "?"), _field(entry, "path") or "",
+                found = (entry, True, raw_class, str(raw_class or "?"), _without_wrappers(_field(entry, "path") or ""),
                          _field(entry, "count"))
             else:
                 found = (entry, False, None, "", "", None)
