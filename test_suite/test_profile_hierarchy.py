@@ -55,6 +55,7 @@ def profile(model: str, backend: str = "inductor", train: bool = False, iters: i
                 step(compiled)
                 prof.step()
     assert hp.result is not None
+    assert hp.result.report.uncaptured_self_us == 0.0, hp.result.summary()  # all compiled inside `with hp`
     return hp.result
 
 
@@ -613,6 +614,41 @@ def test_torch_compile_wrapper_is_not_a_scope(shape: str) -> None:
     labels = {node.label for _, node in result.root.walk()}
     assert not any("OptimizedModule" in label or "_orig_mod" in label for label in labels), labels
     assert scope_at(result.root, "layers.1 (Block)", "mlp (MLP)", "up (Linear)").total_count >= 1
+
+
+def test_code_compiled_before_the_profiler_is_reported() -> None:
+    """Compiled code that Dynamo reuses from before ``with hp`` was not captured: with nothing
+    else, a clear error; beside captured graphs, its ATen time is reported, not dropped."""
+    from scripts.hierarchy_profiler.api import ProfileError
+
+    torch._dynamo.reset()
+    workload = models.nested()
+    model, (x,) = workload.model, workload.args
+    before = torch.compile(model)
+    with torch.no_grad():
+        before(x)
+    hp = CallHierarchyProfiler(model)
+    with hp, torch.no_grad(), pytest.raises(ProfileError, match="compiled before `with hp`"):
+        with hp.profile() as prof:
+            before(x)
+            prof.step()
+
+    torch._dynamo.reset()
+    helper, y = torch.compile(_Relu()), torch.randn(2, 32)  # another module's code, compiled before
+    with torch.no_grad():
+        helper(y)
+    hp = CallHierarchyProfiler(model)
+    with hp, torch.no_grad():
+        compiled = torch.compile(model)
+        compiled(x)
+        with hp.profile() as prof:
+            compiled(x)
+            helper(y)
+            prof.step()
+    result = hp.result
+    assert result is not None and result.report.share == 1.0, result.summary()
+    assert result.report.uncaptured_self_us > 0
+    assert "not captured" in result.summary() and "compiled before `with hp`" in result.summary()
 
 
 def _step_calling_the_model() -> Any:

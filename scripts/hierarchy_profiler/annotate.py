@@ -39,9 +39,20 @@ from collections.abc import Iterable
 from operator import itemgetter
 from typing import Any
 
-from .capture import BRANCH_RANGE, DYNAMO_RANGE, GRAPH_RANGE, Capture, Kernel, Labels, Outside, event_key
+from .capture import (
+    BRANCH_RANGE,
+    DYNAMO_RANGE,
+    GRAPH_RANGE,
+    RANGE_PREFIX,
+    Capture,
+    Kernel,
+    Labels,
+    Outside,
+    event_key,
+)
 
 UNATTRIBUTED = "(unattributed)"
+DYNAMO_REGION = "Torch-Compiled Region"
 BRANCH_PREFIX = "## call_hierarchy branch "
 SCOPE_CAT = "call_hierarchy"
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation")
@@ -85,6 +96,9 @@ class Report:
     graph_calls: int
     eager_self_us: float  # self time of ATen ops outside compiled regions
     unknown_stacks: int  # backward calls whose forward was not in the trace
+    # self time of ATen ops in compiled regions that hold no graph of ours: code compiled
+    # before the capture was installed (Dynamo reused it), not captured
+    uncaptured_self_us: float = 0.0
 
     @property
     def share(self) -> float:
@@ -346,7 +360,30 @@ def annotate(doc: dict[str, Any], capture: Capture) -> Report:
         eager += self_us[i]
 
     events.extend(new_events)
-    return Report(samples, compiled_self, attributed_self, unattributed_events, len(calls), eager, unknown_stacks)
+    return Report(samples, compiled_self, attributed_self, unattributed_events, len(calls), eager, unknown_stacks,
+                  _uncaptured(events, nesting))
+
+
+def _uncaptured(events: list[dict[str, Any]], nesting: _Nesting) -> float:
+    """Self time of the ATen ops of Dynamo's compiled regions in which none of our ranges ran."""
+    total = 0.0
+    children, self_us = nesting.children, nesting.self_us
+    for i in nesting.outside:  # the outermost regions (an event outside regions, or a region's root)
+        if not str(events[i].get("name", "")).startswith(DYNAMO_REGION):
+            continue
+        ops: list[int] = []
+        todo = [i]
+        while todo:
+            j = todo.pop()
+            name = str(events[j].get("name", ""))
+            if name.startswith(RANGE_PREFIX):
+                break  # a graph of ours ran in it: captured
+            if name.startswith("aten::"):
+                ops.append(j)
+            todo.extend(children[j] or ())
+        else:
+            total += sum(self_us[j] for j in ops)
+    return total
 
 
 def _write(pairs: Iterable[tuple[dict[str, Any], Attribution]]) -> None:

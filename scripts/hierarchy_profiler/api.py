@@ -49,6 +49,8 @@ from .capture import Capture, CompiledGraph
 from .tree import Scope, build_tree, format_tree
 
 BACKENDS = ("inductor", "aot_eager")
+UNCAPTURED = ("code compiled before `with hp` (Dynamo reused it, so its graphs were not captured): compile "
+              "inside `with hp`, or call torch._dynamo.reset() before it")
 OUTPUT_FILES = ("trace.json", "hierarchy.folded", "hierarchy_us.folded", "flamegraph.svg")
 
 
@@ -80,6 +82,9 @@ class ProfileResult:
                 f"({r.attributed_self_us / 1000.0 / self.iterations:.3f} of "
                 f"{r.compiled_self_us / 1000.0 / self.iterations:.3f} ms per iteration; "
                 f"{r.unattributed_events} unattributed kernel call(s) in {r.graph_calls} compiled-graph call(s))")
+        if r.uncaptured_self_us:
+            line += (f"\nnot captured: {r.uncaptured_self_us / 1000.0 / self.iterations:.3f} ms per iteration of "
+                     f"ATen ops in {UNCAPTURED}")
         return line
 
     def save(self, out: str | os.PathLike[str]) -> list[Path]:
@@ -298,6 +303,8 @@ class CallHierarchyProfiler:
                     f"Dynamo compiled {graphs} graph(s) inside `with hp`, none through the profiler: compile with "
                     "the default backend (torch.compile(model)) or backend=hp.backend('aot_eager'); a backend "
                     "given by name is not captured")
+            if report.uncaptured_self_us:
+                raise ProfileError(f"no graph compiled inside `with hp` ran: the compiled code that ran is {UNCAPTURED}")
             why = f"; Dynamo: {'; '.join(eager)}" if eager else ""
             raise ProfileError("the compiled graphs ran no kernel or op in the profiled iterations "
                                f"(nothing to attribute){why}")
