@@ -551,6 +551,32 @@ def test_compiled_function_run_outside_the_model() -> None:
     assert scope_at(result.root, "layers.1 (Block)", "mlp (MLP)", "up (Linear)").total_count >= 1
 
 
+def test_compiled_function_calling_a_module_of_the_model() -> None:
+    """A compiled function that calls one of the model's modules, not the model
+    (``torch.compile(fn)`` with ``fn`` calling ``model.layers[1]``): the module's kernels keep
+    its scope; only the function's own go outside the model."""
+    torch._dynamo.reset()
+    workload = models.nested()
+    model = workload.model
+    hidden = torch.randn(4, 32)
+
+    def run_layer(h: torch.Tensor) -> torch.Tensor:
+        return model.layers[1](h).relu()
+
+    hp = CallHierarchyProfiler(model)
+    with hp, torch.no_grad():
+        compiled = torch.compile(run_layer)
+        compiled(hidden)
+        with hp.profile() as prof:
+            compiled(hidden)
+            prof.step()
+    result = hp.result
+    assert result is not None and result.report.share >= 0.99, result.summary()
+    assert scope_at(result.root, "layers.1 (Block)", "mlp (MLP)", "up (Linear)").total_count == 1
+    labels = {node.label for _, node in result.root.walk()}
+    assert "run_layer (outside the model)" in labels, labels  # its relu (fused or not): the function's
+
+
 def test_another_models_graphs_are_outside_the_model() -> None:
     """Distillation: a compiled teacher of the student's architecture runs in the student's
     step.  No module of the (student) model runs then: the teacher's kernels are outside the

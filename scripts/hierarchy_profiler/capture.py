@@ -646,17 +646,22 @@ class Capture:
             return None
         name = str(root.get("qualname") or root.get("name")).rpartition("<locals>.")[2]
         label = f"{name} (outside the model)"
+        paths = self._model_paths(gm)
         # torch's own code that calls the model calls it for the model, not as a user's step
         # function does
         if module.partition(".")[0] != "torch":
             key = (str(root.get("filename")), int(root.get("lineno") or 0), str(root.get("name")))
-            if key not in self._outside_functions and self._calls_the_model(gm):
+            if key not in self._outside_functions and "" in paths:
                 self._outside_functions[key] = Outside(label)
-        return Outside(label, whole=True)
+        # a function that calls modules of the model without the model (``model.layers[0](x)``)
+        # keeps their scopes; one that calls none of them (an optimizer step) is wholly outside
+        return Outside(label, whole=not paths)
 
-    def _calls_the_model(self, gm: fx.GraphModule) -> bool:
-        """Whether a node's outermost module entry is the model itself (its root)."""
+    def _model_paths(self, gm: fx.GraphModule) -> set[str]:
+        """The model's modules that the graph's nodes enter first (their outermost module
+        entries), by path: ``""`` is the model itself."""
         scopes = self.scopes
+        paths: set[str] = set()
         checked: set[int] = set()  # a graph's nodes share their entries: each module entry is checked once
         for node in gm.graph.nodes:
             for entry in node.meta.get("call_hierarchy") or ():
@@ -664,10 +669,12 @@ class Capture:
                 if is_module:
                     if id(entry) not in checked:
                         checked.add(id(entry))
-                        if cls == scopes.root_label and scopes._rebase("", path, raw_class) == "":
-                            return True
+                        path = scopes._rebase("", path, raw_class)
+                        module = scopes.modules.get(path)
+                        if module is not None and type(module).__name__ == cls:
+                            paths.add(path)
                     break
-        return False
+        return paths
 
     def _outside_caller(self) -> Outside | None:
         """The label of the innermost running function that calls the model, if any."""
