@@ -426,6 +426,42 @@ def test_cond_branch_that_ran_is_attributed(backend: str, train: bool) -> None:
     assert scope_at(inner, "out (Linear)").ops["aten::addmm"][0] == 2, scope_at(inner, "out (Linear)").ops
 
 
+class _Loop(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+        self.out = torch.nn.Linear(8, 2)
+
+    def step(self, i: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return i + 1, self.lin(h).tanh()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        _, h = torch._higher_order_ops.while_loop(lambda i, h: i < 3, self.step, (torch.tensor(0), x))
+        return self.out(h)
+
+
+@pytest.mark.parametrize("backend", ["inductor", "aot_eager"])
+def test_while_loop_body_attributed_per_iteration(backend: str) -> None:
+    """torch.while_loop: its body runs a number of times known only at run time (3 here); each
+    run of its kernels is in the body's scope, the predicate reads in the loop's."""
+    torch._dynamo.reset()
+    model, x = _Loop(), torch.randn(2, 8)
+    hp = CallHierarchyProfiler(model)
+    with hp, torch.no_grad():
+        compiled = torch.compile(model) if backend == "inductor" else torch.compile(model, backend=hp.backend(backend))
+        compiled(x)
+        with hp.profile() as prof:
+            compiled(x)
+            prof.step()
+    result = hp.result
+    assert result is not None
+    assert result.report.unattributed_events == 0, result.summary()
+    check_tree_adds_up(result)
+    linear = scope_at(result.root, "_Loop.step#0", "lin (Linear)").ops
+    assert linear["aten::addmm"][0] == 3, linear  # once per run of the body
+    assert scope_at(result.root, "out (Linear)").ops["aten::addmm"][0] == 1
+
+
 class _Relu(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()

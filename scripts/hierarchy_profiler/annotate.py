@@ -6,8 +6,9 @@ compiled graphs.  Per thread, complete events (``ph: "X"``) nest by time.  Insid
 graph ``G`` in the order its generated code makes them (Inductor: ``graph_N_cpp_fused_*``
 CPU kernels, ``aten::*`` extern kernels and fallbacks; Triton kernels by name;
 ``aot_eager``: ATen ops); they are matched in order, by name, against the graph's kernel
-list; a ``torch.cond`` branch that ran is a range ``## call_hierarchy branch <name> ##``
-among them, whose direct children are matched against that branch's kernel list.  Every
+list; each call of a subgraph that a higher-order op calls at run time (a ``torch.cond``
+branch, a ``torch.while_loop`` body) is a range ``## call_hierarchy branch <name> ##`` among
+them, whose direct children are matched against that subgraph's kernel list.  Every
 event below a matched kernel call (ATen ops an extern kernel dispatches) gets
 that kernel's attribution; a device (GPU) event gets the attribution of the CPU event that
 launched it (``args.correlation``).
@@ -309,6 +310,8 @@ def annotate(doc: dict[str, Any], capture: Capture) -> Report:
                     if key is None:
                         key = keys[name] = event_key(name)
                     kernel = matcher.match(key)
+                    if kernel is None and graph is not None:
+                        kernel = graph.repeats.get(key)  # once per loop iteration
                 kernel_events.append((c, attribution(kernel, name)))
 
         match(children[r] or (), _Matcher(graph.kernels) if graph is not None else None)

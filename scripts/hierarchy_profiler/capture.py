@@ -20,7 +20,8 @@ to this record: ``## call_hierarchy dynamo graph D @ S ##`` around each run of a
 (``S`` numbers the module-call stack of the running program at that call, which graph
 breaks and shared graphs need), ``## call_hierarchy graph G <kind> ##`` around each call
 of a compiled graph ``G``, and ``## call_hierarchy branch <name> ##`` around each call of a
-``torch.cond`` branch (which of the two runs is known only at run time).  The compiled code
+subgraph that a higher-order op calls a number of times known only at run time (a
+``torch.cond`` branch, a ``torch.while_loop``'s cond_fn and body_fn).  The compiled code
 itself is not changed.
 """
 
@@ -315,8 +316,9 @@ class Kernel:
 
 @dataclasses.dataclass
 class Branch:
-    """A branch of a ``torch.cond``: whether it runs is known only at run time, from its range
-    (``## call_hierarchy branch <name> ##``) around the call of its code."""
+    """A subgraph that a higher-order op calls a number of times known only at run time (a
+    ``torch.cond`` branch, a ``torch.while_loop``'s cond_fn or body_fn): each call is seen from
+    its range (``## call_hierarchy branch <name> ##``) around the call of its code."""
 
     call: Kernel  # the call itself, at the cond's scope (its own time is Python's, not a kernel's)
     kernels: list[Kernel] = dataclasses.field(default_factory=list)  # its kernel calls, in run order
@@ -330,8 +332,12 @@ class CompiledGraph:
     backend: str
     # every kernel call of one run, in run order (invoke_subgraph bodies expanded per call)
     kernels: list[Kernel] = dataclasses.field(default_factory=list)
-    # torch.cond branches by the name of their subgraph, matched when their range is in the trace
+    # subgraphs called at run time (torch.cond branches, a while_loop's cond_fn and body_fn) by the
+    # name of their function, matched when their range is in the trace
     branches: dict[str, Branch] = dataclasses.field(default_factory=dict)
+    # events a higher-order op makes once per loop iteration outside its subgraphs, by event key:
+    # a while_loop reads its predicate (``aten::is_nonzero``)
+    repeats: dict[str, Kernel] = dataclasses.field(default_factory=dict)
 
     @property
     def label(self) -> str:
@@ -407,21 +413,42 @@ def _body_name(node: fx.Node) -> str | None:
     return str(body.target) if isinstance(body, fx.Node) and body.op == "get_attr" else None
 
 
-def _cond_branches(gm: fx.GraphModule, backward: bool) -> dict[str, Hierarchy]:
-    """``torch.cond`` branch subgraph name -> the cond's hierarchy (its branches' nodes record
-    their own whole hierarchies: nothing to compose, unlike invoke_subgraph bodies)."""
-    branches: dict[str, Hierarchy] = {}
+# Higher-order ops that call subgraphs a number of times known only at run time, and the
+# arguments that are the subgraphs: torch.cond's branches, torch.while_loop's cond_fn and body_fn.
+_RUNTIME_SUBGRAPHS = {"cond": slice(1, 3), "while_loop": slice(0, 2)}
+
+
+@dataclasses.dataclass(frozen=True)
+class _Subgraph:
+    name: str  # the attribute of the graph module
+    op: str  # the higher-order op: "cond", "while_loop"
+    hierarchy: Hierarchy  # the op node's (the subgraph's nodes record their own whole hierarchies)
+
+
+def _runtime_subgraphs(gm: fx.GraphModule, backward: bool) -> dict[str, _Subgraph]:
+    """The subgraphs that higher-order ops of ``gm`` call at run time, by the names Inductor's
+    wrapper gives their functions (a cond's: the attribute's; a while_loop's: ``<node>_<attribute>``)
+    and by their attributes."""
+    found: dict[str, _Subgraph] = {}
     for node in gm.graph.nodes:
         target = node.target
-        if node.op == "call_function" and isinstance(target, torch._ops.HigherOrderOperator) and target.name() == "cond":
-            for arg in node.args[1:3]:
-                if isinstance(arg, fx.Node) and arg.op == "get_attr":
-                    branches[str(arg.target)] = _node_hierarchy(node, backward) or ()
-    return branches
+        if node.op != "call_function" or not isinstance(target, torch._ops.HigherOrderOperator):
+            continue
+        args = _RUNTIME_SUBGRAPHS.get(target.name())
+        for arg in node.args[args] if args is not None else ():
+            if isinstance(arg, fx.Node) and arg.op == "get_attr":
+                sub = _Subgraph(str(arg.target), target.name(), _node_hierarchy(node, backward) or ())
+                found[sub.name] = found[f"{node.name}_{sub.name}"] = sub
+    return found
 
 
-def _branch(name: str, hierarchy: Hierarchy, site_prefix: tuple[Hierarchy, ...]) -> Branch:
-    return Branch(Kernel(f"{RANGE_PREFIX}branch {name} ##", f"{name} (torch.cond branch)", hierarchy,
+def _predicate(sub: _Subgraph, site_prefix: tuple[Hierarchy, ...]) -> Kernel:
+    """The read of a cond's or a while_loop's predicate on the host (``bool(tensor)``)."""
+    return Kernel("aten::is_nonzero", "aten::is_nonzero", sub.hierarchy, sites=site_prefix)
+
+
+def _branch(name: str, sub: _Subgraph, site_prefix: tuple[Hierarchy, ...]) -> Branch:
+    return Branch(Kernel(f"{RANGE_PREFIX}branch {name} ##", f"{name} (torch.{sub.op})", sub.hierarchy,
                          sites=site_prefix))
 
 
@@ -493,7 +520,7 @@ def inductor_kernels(graph: CompiledGraph, gm: fx.GraphModule, provenance: dict[
     tables = {name: {n.name: n for n in m.graph.nodes} for name, m in modules.items()}
     sites = {name: _call_sites(m, graph.backward) for name, m in modules.items()}
     bodies = {b for s in sites.values() for b in s}
-    conds = {name: _cond_branches(m, graph.backward) for name, m in modules.items()}
+    conds = {name: _runtime_subgraphs(m, graph.backward) for name, m in modules.items()}
     branches = {b for c in conds.values() for b in c}
 
     def kernel(key: str, table: dict[str, fx.Node]) -> Kernel:
@@ -527,13 +554,16 @@ def inductor_kernels(graph: CompiledGraph, gm: fx.GraphModule, provenance: dict[
             elif what == "item":  # the predicate of the cond whose branches are called next
                 branch = next((b for w, b in items[i + 1:] if w == "body" and b in branches), None)
                 owner = next((m for m, c in conds.items() if branch in c), "")
-                into.append(Kernel("aten::item", "aten::item", conds.get(owner, {}).get(branch or "", ()),
-                                   sites=site_prefix))
+                sub = conds.get(owner, {}).get(branch or "")
+                into.append(Kernel("aten::item", "aten::item", sub.hierarchy if sub else (), sites=site_prefix))
             elif name in branches:
                 owner = next((m for m, c in conds.items() if name in c), "")
+                sub = conds[owner][name]
+                if sub.op == "while_loop":
+                    graph.repeats.setdefault("aten::is_nonzero", _predicate(sub, site_prefix))
                 if name not in graph.branches and depth < 8:
-                    graph.branches[name] = _branch(name, conds[owner][name], site_prefix)
-                    branch_module = f"{owner}.{name}" if owner else name
+                    graph.branches[name] = _branch(name, sub, site_prefix)
+                    branch_module = f"{owner}.{sub.name}" if owner else sub.name
                     expand(name, branch_module, site_prefix, depth + 1, graph.branches[name].kernels)
             elif depth < 8:
                 owner = next((m for m, s in sites.items() if name in s), "")
@@ -552,7 +582,7 @@ def aten_graph_kernels(graph: CompiledGraph, gm: fx.GraphModule) -> None:
 
     def expand(module: fx.GraphModule, site_prefix: tuple[Hierarchy, ...], depth: int, into: list[Kernel],
                prefix: str) -> None:
-        conds = _cond_branches(module, graph.backward)
+        conds = _runtime_subgraphs(module, graph.backward)
         for node in module.graph.nodes:
             if node.op != "call_function":
                 continue
@@ -562,11 +592,14 @@ def aten_graph_kernels(graph: CompiledGraph, gm: fx.GraphModule) -> None:
                     site = _node_hierarchy(node, graph.backward) or ()
                     expand(body, site_prefix + (site,), depth + 1, into, f"{prefix}{_body_name(node)}.")
                 continue
-            names = [str(a.target) for a in node.args[1:3] if isinstance(a, fx.Node) and str(a.target) in conds]
-            if names and depth < 8:  # a torch.cond: its predicate read as a bool, then one branch
+            names = [str(a.target) for a in node.args if isinstance(a, fx.Node) and str(a.target) in conds]
+            if names and depth < 8:  # a cond (its predicate read as a bool, then one branch), a while_loop
                 predicate = node.args[0]
-                if isinstance(predicate, fx.Node) and isinstance(predicate.meta.get("val"), torch.Tensor):
-                    into.append(Kernel("aten::is_nonzero", "aten::is_nonzero", conds[names[0]], sites=site_prefix))
+                if (conds[names[0]].op == "cond" and isinstance(predicate, fx.Node)
+                        and isinstance(predicate.meta.get("val"), torch.Tensor)):
+                    into.append(_predicate(conds[names[0]], site_prefix))
+                if conds[names[0]].op == "while_loop":
+                    graph.repeats.setdefault("aten::is_nonzero", _predicate(conds[names[0]], site_prefix))
                 for name in names:
                     body = getattr(module, name, None)
                     if isinstance(body, fx.GraphModule) and prefix + name not in graph.branches:
