@@ -87,7 +87,7 @@ def check_tree_adds_up(result: ProfileResult) -> None:
     for _, node in result.root.walk():
         assert node.total_ns == pytest.approx(node.self_ns + sum(c.total_ns for c in node.children.values()))
     # the tree holds every compiled-region kernel call of the trace: mean time per iteration
-    total_us = sum(s.self_us for s in result.report.samples)
+    total_us = sum(s.self_us for s in result.report.samples if not s.device)
     assert result.root.total_ns == pytest.approx(total_us * 1000.0 / result.iterations)
 
 
@@ -203,7 +203,11 @@ def test_trace_is_the_profilers_trace_annotated(qwen2_train: tuple[Path, str]) -
 
 
 def test_trace_events_lie_inside_their_scope_slices(qwen2_train: tuple[Path, str]) -> None:
-    doc = json.loads((qwen2_train[0] / "trace.json").read_text())
+    check_inside_scope_slices(json.loads((qwen2_train[0] / "trace.json").read_text()))
+
+
+def check_inside_scope_slices(doc: dict[str, Any]) -> None:
+    """Every attributed event lies inside the slices of its scope, on its own track."""
     events = _complete(doc)
     slices: dict[tuple[Any, Any, tuple[str, ...]], list[tuple[float, float]]] = {}
     for e in events:
@@ -219,6 +223,60 @@ def test_trace_events_lie_inside_their_scope_slices(qwen2_train: tuple[Path, str
         for depth in range(1, len(path) + 1):
             ranges = slices.get((e["pid"], e["tid"], path[:depth]), [])
             assert any(s - EPS_US <= start and end <= t + EPS_US for s, t in ranges), (e["name"], path[:depth])
+
+
+def test_device_kernels_take_their_launch_attribution(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CUDA-shaped trace (no GPU here): each CPU kernel of the profile launches a device kernel.
+
+    The launch (``cudaLaunchKernel``, inside the kernel call) and the device event (on a stream's
+    track, later) share ``args.correlation``, as Kineto writes them; one more device event has no
+    launch in a compiled graph.
+    """
+    from scripts.hierarchy_profiler import jsonio
+
+    loads = jsonio.loads
+    injected: list[dict[str, Any]] = []
+
+    def cuda_shaped(data: bytes) -> tuple[Any, bool]:
+        doc, strict = loads(data)
+        events = doc["traceEvents"]
+        clock = 0.0
+        for e in sorted((e for e in events if e.get("ph") == "X" and "cpp_fused_" in str(e.get("name"))),
+                        key=lambda e: e["ts"]):
+            corr = 1000 + len(injected)
+            launch = e["ts"] + e["dur"] / 4
+            events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": e["pid"],
+                           "tid": e["tid"], "ts": launch, "dur": e["dur"] / 2, "args": {"correlation": corr}})
+            clock = max(clock, launch + 1.0)
+            injected.append({"ph": "X", "cat": "kernel", "name": e["name"].split("cpp_", 1)[1], "pid": 0, "tid": 7,
+                             "ts": clock, "dur": 1.5, "args": {"correlation": corr, "stream": 7}})
+            clock += 1.6
+        orphan = {"ph": "X", "cat": "kernel", "name": "eager_kernel", "pid": 0, "tid": 7, "ts": clock + 5.0,
+                  "dur": 1.0, "args": {"correlation": 1}}
+        events.extend(injected + [orphan])
+        return doc, strict
+
+    monkeypatch.setattr(jsonio, "loads", cuda_shaped)
+    result = profile("nested", train=True)
+    assert injected
+    events = result.trace["traceEvents"]
+    launcher = {e["args"]["correlation"]: e for e in events if e.get("name") == "cudaLaunchKernel"}
+    kernel_of = {e["ts"]: e for e in events if e.get("ph") == "X" and "cpp_fused_" in str(e.get("name"))}
+    for device in injected:
+        launch = launcher[device["args"]["correlation"]]
+        cpu_kernel = next(k for ts, k in kernel_of.items() if ts <= launch["ts"] <= ts + k["dur"])
+        assert device["args"]["call_hierarchy"] == cpu_kernel["args"]["call_hierarchy"]
+        assert device["args"]["call_hierarchy_kernel"] == cpu_kernel["args"]["call_hierarchy_kernel"]
+    assert not any("call_hierarchy" in e["args"] for e in events if e.get("name") == "eager_kernel")
+    check_inside_scope_slices(result.trace)
+    assert any(e.get("cat") == "call_hierarchy" and e["tid"] == 7 for e in events)
+    # device time is its own column, not host time: the host tree adds up without it
+    check_tree_adds_up(result)
+    device_ns = sum(d["dur"] for d in injected) * 1000.0 / result.iterations
+    assert result.root.total_device_ns == pytest.approx(device_ns)
+    assert scope_at(result.root, "layers.0 (Block)", "mlp (MLP)").total_device_ns > 0
+    assert "device ms" in result.format_tree().splitlines()[0]
+    assert f"in {len(injected)} device kernel(s)" in result.summary()
 
 
 def test_trace_loads_in_holistic_trace_analysis(qwen2_train: tuple[Path, str], tmp_path: Path) -> None:

@@ -30,7 +30,8 @@ Attribution written into the trace, on every event inside a compiled graph call:
 Scope slices: for every compiled graph call, the scopes of its consecutive kernel calls are
 added as nested complete events (``cat: "call_hierarchy"``) on the same thread, inside the
 call's range and around the kernel events, so Perfetto shows the model's structure above
-the kernels.  Nothing of the original trace is removed or changed except the added ``args``.
+the kernels; the device events a call launched get theirs on their own track (stream).
+Nothing of the original trace is removed or changed except the added ``args``.
 """
 
 from __future__ import annotations
@@ -336,22 +337,36 @@ def annotate(doc: dict[str, Any], capture: Capture) -> Report:
         graph_ranges.add(r)
         new_events.extend(_scope_slices(events, nesting.dur, t, kernel_events))
 
-    # Device events: the attribution of the CPU event that launched them.
+    # Device events: the attribution of the CPU event that launched them (args.correlation), and
+    # scope slices on their own track (a stream), per compiled-graph call: a stream runs the
+    # kernels of one call in launch order, and nothing else comes between them but what that
+    # call launched.
     device_events: list[tuple[dict[str, Any], Attribution]] = []
     if nesting.device:
-        by_corr: dict[Any, Attribution] = {}
-        for i, att in attributions.items():
+        by_corr: dict[Any, int] = {}
+        for i in attributions:
             corr = (events[i].get("args") or {}).get("correlation")
             if corr is not None:
-                by_corr[corr] = att
+                by_corr[corr] = i
+        tracks: dict[tuple[Any, Any, int], list[tuple[int, Attribution]]] = {}
         for d in nesting.device:
             e = events[d]
-            corr = (e.get("args") or {}).get("correlation")
-            launched = by_corr.get(corr)
-            if launched is not None:
-                device_events.append((e, launched))
-                samples.append(Sample(dataclasses.replace(launched, kernel=launched.kernel + " [device]"),
-                                      float(e.get("dur", 0.0)), float(e.get("dur", 0.0)), device=True))
+            launcher = by_corr.get((e.get("args") or {}).get("correlation"))
+            if launcher is None:
+                continue
+            launched = attributions[launcher]
+            device_events.append((e, launched))
+            dur = float(e.get("dur", 0.0))
+            samples.append(Sample(dataclasses.replace(launched, kernel=launched.kernel + " [device]"), dur, dur,
+                                  device=True))
+            call = launcher
+            while call >= 0 and call not in graph_ranges:
+                call = parent[call]
+            if "ts" in e:
+                tracks.setdefault((e.get("pid"), e.get("tid"), call), []).append((d, launched))
+        for (pid, tid, _call), kernels in tracks.items():
+            kernels.sort(key=lambda k: float(events[k[0]]["ts"]))
+            new_events.extend(_scope_slices(events, nesting.dur, (pid, tid), kernels))
 
     _write(device_events)
     _write((events[i], att) for i, att in attributions.items())

@@ -82,6 +82,10 @@ class ProfileResult:
                 f"({r.attributed_self_us / 1000.0 / self.iterations:.3f} of "
                 f"{r.compiled_self_us / 1000.0 / self.iterations:.3f} ms per iteration; "
                 f"{r.unattributed_events} unattributed kernel call(s) in {r.graph_calls} compiled-graph call(s))")
+        device = [s for s in r.samples if s.device]
+        if device:
+            line += (f"\ndevice: {sum(s.dur_us for s in device) / 1000.0 / self.iterations:.3f} ms per iteration "
+                     f"in {len(device)} device kernel(s) launched by those calls (column 'device ms')")
         if r.uncaptured_self_us:
             line += (f"\nnot captured: {r.uncaptured_self_us / 1000.0 / self.iterations:.3f} ms per iteration of "
                      f"ATen ops in {UNCAPTURED}")

@@ -12,13 +12,23 @@ def _frame(label: str) -> str:
     return label.replace(";", ":")
 
 
+def _ops(node: Scope, timed: bool) -> dict[str, list[float]]:
+    """The frames above a scope: its kernel calls; timed, also the device kernels they launched."""
+    return {**node.ops, **node.device_ops} if timed and node.device_ops else node.ops
+
+
+def _weight(node: Scope, timed: bool) -> float:
+    return (node.total_ns + node.total_device_ns) / 1e6 if timed else float(node.total_count)
+
+
 def folded_lines(root: Scope, timed: bool) -> list[str]:
-    """``scope;scope;kernel weight`` lines; weight = calls per iteration, or mean microseconds."""
+    """``scope;scope;kernel weight`` lines; weight = calls per iteration, or mean microseconds
+    (timed: host and device time, each device kernel a frame ``<kernel> [device]``)."""
     lines: list[str] = []
 
     def visit(node: Scope, prefix: str) -> None:
         stack = f"{prefix};{_frame(node.label)}" if prefix else _frame(node.label)
-        for op, (count, ns) in node.ops.items():
+        for op, (count, ns) in _ops(node, timed).items():
             weight = max(1, round(ns / 1000)) if timed else max(1, round(count))
             lines.append(f"{stack};{_frame(op)} {weight}")
         for child in node.children.values():
@@ -51,10 +61,10 @@ def write_flamegraph(path: Path, root: Scope, timed: bool, title: str) -> None:
     unit = "ms" if timed else "calls"
 
     def weight_of(node: Scope) -> float:
-        return node.total_ns / 1e6 if timed else float(node.total_count)
+        return _weight(node, timed)
 
     def depth_of(node: Scope) -> int:
-        return 1 + max([depth_of(c) for c in node.children.values()] + [1 if node.ops else 0])
+        return 1 + max([depth_of(c) for c in node.children.values()] + [1 if _ops(node, timed) else 0])
 
     total = weight_of(root) or 1.0
     depth = depth_of(root)
@@ -79,7 +89,7 @@ def write_flamegraph(path: Path, root: Scope, timed: bool, title: str) -> None:
 
     def visit(node: Scope, x: float, level: int) -> None:
         frame(node.label, x, level, weight_of(node))
-        for op, (count, ns) in node.ops.items():
+        for op, (count, ns) in _ops(node, timed).items():
             weight = ns / 1e6 if timed else float(count)
             frame(op, x, level + 1, weight)
             x += weight * scale
