@@ -279,6 +279,75 @@ def test_device_kernels_take_their_launch_attribution(monkeypatch: pytest.Monkey
     assert f"in {len(injected)} device kernel(s)" in result.summary()
 
 
+def _kernel_calls(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Inductor's kernel calls on CPU: its C++ kernels (``graph_N_cpp_fused_*``) and extern kernels."""
+    return sorted((e for e in events if e.get("ph") == "X" and e.get("cat") != "call_hierarchy"
+                   and (str(e.get("name")).startswith("graph_") or e.get("name") in ("aten::addmm", "aten::mm"))),
+                  key=lambda e: e["ts"])
+
+
+@pytest.mark.parametrize("train", [False, True], ids=["inference", "train"])
+def test_cuda_graph_replay_attributed_in_run_order(train: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A trace shaped as a CUDA graph replay (mode="reduce-overhead"; no GPU here) gets what the
+    host kernel calls got: inside each compiled-graph call, one ``cudaGraphLaunch`` and an input copy
+    instead of the kernel calls, then the device kernels, all correlated with the launch. A C++
+    kernel's device kernel is named as Triton's are, after it; an extern kernel runs two library
+    kernels of other names."""
+    from scripts.hierarchy_profiler import jsonio
+
+    plain = profile("nested", train=train)
+    calls = [e for e in plain.trace["traceEvents"] if str(e.get("name")).startswith("## call_hierarchy graph ")]
+    in_call = [e for e in _kernel_calls(plain.trace["traceEvents"])
+               if calls[0]["ts"] <= e["ts"] <= calls[0]["ts"] + calls[0]["dur"]]
+    assert all(e["name"].endswith(e["args"]["call_hierarchy_kernel"].removeprefix("aten::")) for e in in_call)
+    expected = []
+    for e in in_call:
+        expected += [e["args"]["call_hierarchy"]] * (1 if e["name"].startswith("graph_") else 2)
+    assert len({tuple(s) for s in expected}) > 3
+
+    loads = jsonio.loads
+
+    def replayed(data: bytes) -> tuple[Any, bool]:
+        doc, strict = loads(data)
+        events = doc["traceEvents"]
+        drop: set[int] = set()
+        extra: list[dict[str, Any]] = []
+        for n, r in enumerate(e for e in events if str(e.get("name")).startswith("## call_hierarchy graph ")):
+            inside = [e for e in events if e.get("ph") == "X" and e is not r and (e["pid"], e["tid"]) == (r["pid"], r["tid"])
+                      and r["ts"] <= e["ts"] and e["ts"] + e["dur"] <= r["ts"] + r["dur"]]
+            drop.update(id(e) for e in inside)
+            host = {"pid": r["pid"], "tid": r["tid"], "ph": "X"}
+            extra.append({**host, "cat": "cpu_op", "name": "aten::_foreach_copy_", "ts": r["ts"] + r["dur"] * 0.1,
+                          "dur": r["dur"] * 0.2, "args": {}})
+            extra.append({**host, "cat": "cuda_runtime", "name": "cudaGraphLaunch", "ts": r["ts"] + r["dur"] * 0.5,
+                          "dur": r["dur"] * 0.3, "args": {"correlation": 9000 + n}})
+            clock = r["ts"] + r["dur"]
+            for k in _kernel_calls(inside):
+                names = [k["name"].split("_", 2)[2]] if k["name"].startswith("graph_") else ["gemm_fake", "splitK_fake"]
+                for name in names:
+                    extra.append({"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": 7, "ts": clock, "dur": 1.0,
+                                  "args": {"correlation": 9000 + n, "stream": 7}})
+                    clock += 1.1
+        doc["traceEvents"] = [e for e in events if id(e) not in drop] + extra
+        return doc, strict
+
+    monkeypatch.setattr(jsonio, "loads", replayed)
+    result = profile("nested", train=train)
+    assert result.report.share == 1.0 and result.report.unattributed_events == 0, result.summary()
+    events = result.trace["traceEvents"]
+    device = sorted((e for e in events if e.get("cat") == "kernel"), key=lambda e: e["ts"])
+    assert device and all("call_hierarchy" in e["args"] for e in device)
+    first = [e["args"]["call_hierarchy"] for e in device if e["args"]["correlation"] == 9000]
+    assert first == expected
+    launch = next(e for e in events if e.get("name") == "cudaGraphLaunch")
+    assert launch["args"]["call_hierarchy"] == ["Nested"]  # the graph as a whole
+    check_inside_scope_slices(result.trace)
+    assert scope_at(result.root, "layers.0 (Block)", "mlp (MLP)", "up (Linear)").total_device_ns > 0
+    if train:  # the backward graph's replay: its device kernels under their forward origin
+        assert any(e["args"]["call_hierarchy_kernel"].endswith(" (bw)") and len(e["args"]["call_hierarchy"]) > 2
+                   for e in device)
+
+
 def test_trace_loads_in_holistic_trace_analysis(qwen2_train: tuple[Path, str], tmp_path: Path) -> None:
     """An independent consumer: HTA parses the annotated trace; slices nest properly per thread."""
     from hta.common.trace import Trace

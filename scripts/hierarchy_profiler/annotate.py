@@ -11,7 +11,10 @@ branch, a ``torch.while_loop`` body) is a range ``## call_hierarchy branch <name
 them, whose direct children are matched against that subgraph's kernel list.  Every
 event below a matched kernel call (ATen ops an extern kernel dispatches) gets
 that kernel's attribution; a device (GPU) event gets the attribution of the CPU event that
-launched it (``args.correlation``).
+launched it (``args.correlation``).  A call that replayed a CUDA graph (``cudaGraphLaunch``)
+has no kernel calls on the host: its events are the graph's as a whole, and the device
+kernels of the replay are matched in run order against the graph's kernel list
+(:func:`_replayed`).
 
 Attribution written into the trace, on every event inside a compiled graph call:
 
@@ -37,7 +40,7 @@ Nothing of the original trace is removed or changed except the added ``args``.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from operator import itemgetter
 from typing import Any
 
@@ -50,6 +53,7 @@ from .capture import (
     Kernel,
     Labels,
     Outside,
+    common_prefix,
     event_key,
 )
 
@@ -58,6 +62,8 @@ DYNAMO_REGION = "Torch-Compiled Region"
 BRANCH_PREFIX = "## call_hierarchy branch "
 SCOPE_CAT = "call_hierarchy"
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation")
+# A compiled graph run as a CUDA graph (mode="reduce-overhead") launches its kernels in one call
+GRAPH_LAUNCHES = frozenset({"cudaGraphLaunch", "cuGraphLaunch", "hipGraphLaunch"})
 # Compiled code runs inside these: Dynamo's frames, our Dynamo graph runs and compiled-graph calls,
 # Inductor's.  Not every "## ...": a range the user adds around an iteration (the CLI's
 # "## call_hierarchy iteration i ##") would make every eager op "compiled".
@@ -119,6 +125,7 @@ class _Nesting:
     in_region: list[bool]  # some ancestor is a compiled region ("Torch-Compiled Region", "## ...")
     calls: list[tuple[float, tuple[Any, Any], int]]  # compiled-graph calls, in time order
     device: list[int]  # device (GPU) events, in trace order
+    graph_launches: list[int]  # CUDA graph replays (cudaGraphLaunch)
 
 
 def _nest(events: list[dict[str, Any]]) -> _Nesting:
@@ -129,6 +136,7 @@ def _nest(events: list[dict[str, Any]]) -> _Nesting:
     regions: set[int] = set()
     calls: list[tuple[float, tuple[Any, Any], int]] = []
     device: list[int] = []
+    graph_launches: list[int] = []
     gpu_cats = frozenset(GPU_CATS)
     fields = itemgetter("ph", "cat", "name", "pid", "tid", "ts", "dur")  # one call reads a complete event
     thread: tuple[Any, Any] | None = None
@@ -161,6 +169,8 @@ def _nest(events: list[dict[str, Any]]) -> _Nesting:
         items.append((start, -d, i))
         if not isinstance(name, str):
             name = str(name)
+        if cat == "cuda_runtime" and name in GRAPH_LAUNCHES:
+            graph_launches.append(i)
         if name.startswith(REGION_PREFIXES):
             regions.add(i)
             if GRAPH_RANGE.match(name):
@@ -200,7 +210,7 @@ def _nest(events: list[dict[str, Any]]) -> _Nesting:
             stack.append(i)
             ends.append(end)
     self_us = [d - c if d > c else 0.0 for d, c in zip(dur, child_dur)]  # max(0.0, d - c)
-    return _Nesting(outside, parent, children, dur, self_us, in_region, calls, device)
+    return _Nesting(outside, parent, children, dur, self_us, in_region, calls, device, graph_launches)
 
 
 class _Matcher:
@@ -248,6 +258,18 @@ def annotate(doc: dict[str, Any], capture: Capture) -> Report:
     # one Attribution per (runtime stack, kernel): shared by every call of that kernel
     memo: dict[tuple[tuple[str, ...] | None, Outside | None, int], Attribution] = {}
     keys: dict[str, str] = {}  # event name -> event_key
+    # Compiled-graph calls that replayed a CUDA graph (mode="reduce-overhead"): their kernels
+    # ran with no host event each, all launched by the replay
+    call_set = {r for _ts, _t, r in calls}
+    replays: dict[int, list[int]] = {}
+    for launch in nesting.graph_launches:
+        p = parent[launch]
+        while p >= 0 and p not in call_set:
+            p = parent[p]
+        if p >= 0:
+            replays.setdefault(p, []).append(launch)
+    replay_of: dict[int, tuple[Callable[[Kernel | None, str], Attribution], list[Kernel]]] = {}
+    whole: dict[tuple[int, str], Kernel] = {}  # (graph, event name) -> the graph as one kernel
 
     for _ts, t, r in calls:
         m = GRAPH_RANGE.match(events[r]["name"])
@@ -315,7 +337,19 @@ def annotate(doc: dict[str, Any], capture: Capture) -> Report:
                         kernel = graph.repeats.get(key)  # once per loop iteration
                 kernel_events.append((c, attribution(kernel, name)))
 
-        match(children[r] or (), _Matcher(graph.kernels) if graph is not None else None)
+        if r in replays and graph is not None:
+            # The host's part of a replay (copying the inputs, the launch) is the graph's as a whole
+            scope = common_prefix(k.sites[0] if k.sites else k.hierarchy for k in graph.kernels)
+            for c in children[r] or ():
+                name = str(events[c].get("name", ""))
+                kernel = whole.get((graph.index, name))
+                if kernel is None:
+                    kernel = whole[(graph.index, name)] = Kernel(name, name, scope)
+                kernel_events.append((c, attribution(kernel, name)))
+            for launch in replays[r]:
+                replay_of[launch] = (attribution, graph.kernels)
+        else:
+            match(children[r] or (), _Matcher(graph.kernels) if graph is not None else None)
 
         for c, att in kernel_events:
             total_self = 0.0
@@ -348,13 +382,22 @@ def annotate(doc: dict[str, Any], capture: Capture) -> Report:
             corr = (events[i].get("args") or {}).get("correlation")
             if corr is not None:
                 by_corr[corr] = i
+        launched_by = [(d, by_corr.get((events[d].get("args") or {}).get("correlation"))) for d in nesting.device]
+        replayed: dict[int, Attribution] = {}
+        if replay_of:
+            runs: dict[int, list[int]] = {}
+            for d, launcher in launched_by:
+                if launcher in replay_of:
+                    runs.setdefault(launcher, []).append(d)
+            for launcher, run in runs.items():
+                run.sort(key=lambda d: float(events[d].get("ts", 0.0)))
+                replayed.update(_replayed(events, run, *replay_of[launcher]))
         tracks: dict[tuple[Any, Any, int], list[tuple[int, Attribution]]] = {}
-        for d in nesting.device:
-            e = events[d]
-            launcher = by_corr.get((e.get("args") or {}).get("correlation"))
+        for d, launcher in launched_by:
             if launcher is None:
                 continue
-            launched = attributions[launcher]
+            e = events[d]
+            launched = replayed.get(d) or attributions[launcher]
             device_events.append((e, launched))
             dur = float(e.get("dur", 0.0))
             samples.append(Sample(dataclasses.replace(launched, kernel=launched.kernel + " [device]"), dur, dur,
@@ -380,6 +423,55 @@ def annotate(doc: dict[str, Any], capture: Capture) -> Report:
     events.extend(new_events)
     return Report(samples, compiled_self, attributed_self, unattributed_events, len(calls), eager, unknown_stacks,
                   _uncaptured(events, nesting))
+
+
+def _replayed(events: list[dict[str, Any]], run: list[int], attribution: Callable[[Kernel | None, str], Attribution],
+              kernels: list[Kernel]) -> dict[int, Attribution]:
+    """The device kernels of one CUDA-graph replay, in run order, matched against the graph's kernels.
+
+    The graph runs the kernels it captured in the order the compiled code launched them.  A
+    Triton kernel runs under its own name and is matched by it; the device kernels between two
+    matches ran for the graph's kernels between them that are not Triton's (an extern kernel
+    such as ``aten::mm`` runs library kernels of other names): one such kernel, its
+    attribution; several, their common scope, with theirs as sources.
+    """
+    out: dict[int, Attribution] = {}
+    pos = 0
+    waiting: list[int] = []
+
+    def settle(upto: int) -> None:
+        if waiting:
+            between = [attribution(k, k.name) for k in kernels[pos:upto]]
+            att = _common(between) if between else attribution(None, str(events[waiting[0]].get("name", "")))
+            for d in waiting:
+                out[d] = att
+            waiting.clear()
+
+    for d in run:
+        name = events[d].get("name", "")
+        j = next((j for j in range(pos, min(len(kernels), pos + _Matcher.LOOKAHEAD)) if kernels[j].key == name), None)
+        if j is None:
+            waiting.append(d)
+            continue
+        settle(j)
+        out[d] = attribution(kernels[j], name)
+        pos = j + 1
+    settle(len(kernels))
+    return out
+
+
+def _common(atts: list[Attribution]) -> Attribution:
+    """One attribution for device kernels that ran for any of several kernels: their common scope."""
+    scopes = list(dict.fromkeys(a.scope for a in atts))
+    if len(scopes) == 1 and len({a.kernel for a in atts}) == 1:
+        return atts[0]
+    n = min(len(s) for s in scopes)
+    for i in range(n):
+        if any(s[i] != scopes[0][i] for s in scopes):
+            n = i
+            break
+    kernel = " + ".join(dict.fromkeys(a.kernel for a in atts))
+    return Attribution(scopes[0][:n], kernel, atts[0].backward, tuple(scopes) if len(scopes) > 1 else (), atts[0].graph)
 
 
 def _uncaptured(events: list[dict[str, Any]], nesting: _Nesting) -> float:
