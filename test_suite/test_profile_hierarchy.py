@@ -67,13 +67,16 @@ def scope_at(root: Scope, *labels: str) -> Scope:
     return node
 
 
-def counts_by_path(root: Scope) -> dict[tuple[str, ...], float]:
+def counts_by_path(root: Scope, graphs_only: bool = False) -> dict[tuple[str, ...], float]:
+    """Kernel calls per iteration below each scope; ``graphs_only``: without the ops a compiled
+    frame ran eagerly (``<op> (eager)``)."""
     out: dict[tuple[str, ...], float] = {}
 
-    def visit(node: Scope, path: tuple[str, ...]) -> None:
-        out[path] = node.total_count
-        for child in node.children.values():
-            visit(child, path + (child.label,))
+    def visit(node: Scope, path: tuple[str, ...]) -> float:
+        count = sum(c for op, (c, _) in node.ops.items() if not (graphs_only and op.endswith(" (eager)")))
+        count += sum(visit(child, path + (child.label,)) for child in node.children.values())
+        out[path] = count
+        return count
 
     visit(root, ())
     return out
@@ -129,7 +132,8 @@ def test_graph_break_per_layer_counts_match_fullgraph(backend: str) -> None:
     assert full.num_dynamo_graphs == 1
     assert broken.num_dynamo_graphs == 2  # compiled once before and once after the break, shared by the layers
     assert broken.report.share >= 0.99
-    full_counts, broken_counts = counts_by_path(full.root), counts_by_path(broken.root)
+    # the graphs' kernels: the frames' own eager ops (AOTAutograd's output detach) differ with the break
+    full_counts, broken_counts = counts_by_path(full.root, True), counts_by_path(broken.root, True)
     for layer in ("layers.0 (Block)", "layers.1 (Block)"):
         layer_paths = {p for p in broken_counts if p[:1] == (layer,)}
         assert layer_paths and layer_paths <= set(full_counts)
@@ -339,6 +343,8 @@ def test_cuda_graph_replay_attributed_in_run_order(train: bool, monkeypatch: pyt
     assert device and all("call_hierarchy" in e["args"] for e in device)
     first = [e["args"]["call_hierarchy"] for e in device if e["args"]["correlation"] == 9000]
     assert first == expected
+    assert not any(e["args"]["call_hierarchy_kernel"].endswith("(bw)") for e in device
+                   if e["args"]["correlation"] == 9000)  # the forward's, though attributed after the backward's
     launch = next(e for e in events if e.get("name") == "cudaGraphLaunch")
     assert launch["args"]["call_hierarchy"] == ["Nested"]  # the graph as a whole
     check_inside_scope_slices(result.trace)
@@ -587,6 +593,47 @@ def test_while_loop_body_attributed_per_iteration(backend: str) -> None:
     linear = scope_at(result.root, "_Loop.step#0", "lin (Linear)").ops
     assert linear["aten::addmm"][0] == 3, linear  # once per run of the body
     assert scope_at(result.root, "out (Linear)").ops["aten::addmm"][0] == 1
+
+
+class _ItemBreak(torch.nn.Module):
+    """A graph break on a data-dependent value: ``.item()`` and ``nonzero`` run eagerly in the frame."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.Linear(16, 16)
+        self.b = torch.nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.a(x)
+        scale = 1.0 if h.sum().item() > 0 else 2.0
+        return self.b(h + torch.nonzero(h > 0).shape[0]) * scale
+
+
+@pytest.mark.parametrize("backend", ["inductor", "aot_eager"])
+def test_ops_run_eagerly_at_a_graph_break_are_attributed(backend: str) -> None:
+    """The ATen ops a compiled frame runs eagerly between its graphs are in the tree and the
+    trace, at the module stack of the frame (the layer), marked ``(eager)``: not dropped."""
+    torch._dynamo.reset()
+    model, x = torch.nn.Sequential(_ItemBreak(), _ItemBreak()), torch.randn(8, 16)
+    hp = CallHierarchyProfiler(model)
+    with hp, torch.no_grad():
+        compiled = torch.compile(model) if backend == "inductor" else torch.compile(model, backend=hp.backend(backend))
+        compiled(x)
+        with hp.profile() as prof:
+            compiled(x)
+            prof.step()
+    result = hp.result
+    assert result is not None
+    assert result.report.share == 1.0 and result.report.unattributed_events == 0, result.summary()
+    check_tree_adds_up(result)
+    for layer in ("0 (_ItemBreak)", "1 (_ItemBreak)"):
+        ops = scope_at(result.root, layer).ops
+        assert ops["aten::item (eager)"][0] == 1 and ops["aten::nonzero (eager)"][0] == 1, ops
+    events = result.trace["traceEvents"]
+    for name in ("aten::item", "aten::nonzero", "aten::_local_scalar_dense"):
+        ran = [e for e in events if e.get("name") == name]
+        assert len(ran) == 2 and all(e["args"]["call_hierarchy"][1].endswith("(_ItemBreak)") for e in ran), ran
+    check_inside_scope_slices(result.trace)
 
 
 class _Relu(torch.nn.Module):

@@ -14,7 +14,9 @@ that kernel's attribution; a device (GPU) event gets the attribution of the CPU 
 launched it (``args.correlation``).  A call that replayed a CUDA graph (``cudaGraphLaunch``)
 has no kernel calls on the host: its events are the graph's as a whole, and the device
 kernels of the replay are matched in run order against the graph's kernel list
-(:func:`_replayed`).
+(:func:`_replayed`).  An ATen op that a compiled frame runs eagerly outside its graphs (at a
+graph break, in AOTAutograd's runtime wrappers) is ``<op> (eager)`` at the module stack of the
+frame's graph run (:func:`_eager_in_compiled_frames`).
 
 Attribution written into the trace, on every event inside a compiled graph call:
 
@@ -50,6 +52,7 @@ from .capture import (
     GRAPH_RANGE,
     RANGE_PREFIX,
     Capture,
+    CompiledGraph,
     Kernel,
     Labels,
     Outside,
@@ -58,6 +61,8 @@ from .capture import (
 )
 
 UNATTRIBUTED = "(unattributed)"
+EAGER_GRAPH = "eager in a compiled frame"
+DYNAMO_RANGE_PREFIX = "## call_hierarchy dynamo graph "
 DYNAMO_REGION = "Torch-Compiled Region"
 BRANCH_PREFIX = "## call_hierarchy branch "
 SCOPE_CAT = "call_hierarchy"
@@ -299,7 +304,10 @@ def annotate(doc: dict[str, Any], capture: Capture) -> Report:
         graph_name = f"graph {graph.index} {graph.kind}" if graph else events[r]["name"]
         kernel_events: list[tuple[int, Attribution]] = []
 
-        def attribution(kernel: Kernel | None, name: str) -> Attribution:
+        # bound to this call: a CUDA-graph replay's device kernels are attributed after the loop
+        def attribution(kernel: Kernel | None, name: str, graph: CompiledGraph | None = graph,
+                        stack: tuple[str, ...] | None = stack, outside: Outside | None = outside,
+                        base: tuple[str, ...] = base, graph_name: str = graph_name) -> Attribution:
             if kernel is None or graph is None:
                 why = "not a kernel of this graph" if graph is not None else "graph not captured"
                 return Attribution(capture.scopes.absolute(base) + (UNATTRIBUTED,), name, graph=graph_name, reason=why)
@@ -371,6 +379,39 @@ def annotate(doc: dict[str, Any], capture: Capture) -> Report:
         graph_ranges.add(r)
         new_events.extend(_scope_slices(events, nesting.dur, t, kernel_events))
 
+    # ATen ops that ran eagerly inside a compiled frame, outside its graphs (at a graph break, in
+    # AOTAutograd's runtime wrappers): the module stack of the frame's graph run beside or around them
+    eager_ops, uncaptured = _eager_in_compiled_frames(events, nesting, graph_ranges)
+    eager_memo: dict[tuple[int, str], Attribution] = {}
+    for op, run in eager_ops:
+        name = str(events[op].get("name", ""))
+        dm = DYNAMO_RANGE.match(str(events[run].get("name", ""))) if run >= 0 else None
+        sid = int(dm.group(2)) if dm else -1
+        att = eager_memo.get((sid, name))
+        if att is None:
+            if 0 <= sid < len(capture.stacks):
+                scope = capture.scopes.absolute(capture.stacks[sid], outside=capture.outside[sid])
+                att = Attribution(scope, f"{name} (eager)", graph=EAGER_GRAPH)
+            else:
+                att = Attribution((capture.scopes.root_label, UNATTRIBUTED), f"{name} (eager)", graph=EAGER_GRAPH,
+                                  reason="ran eagerly in a compiled frame in which no graph of ours ran")
+            eager_memo[(sid, name)] = att
+        total_self = 0.0
+        todo = [op]
+        while todo:
+            j = todo.pop()
+            attributions[j] = att
+            total_self += self_us[j]
+            todo.extend(children[j] or ())
+        compiled_self += total_self
+        if att.attributed:
+            attributed_self += total_self
+        else:
+            unattributed_events += 1
+        samples.append(Sample(att, nesting.dur[op], total_self))
+        e = events[op]
+        new_events.extend(_scope_slices(events, nesting.dur, (e.get("pid"), e.get("tid")), [(op, att)]))
+
     # Device events: the attribution of the CPU event that launched them (args.correlation), and
     # scope slices on their own track (a stream), per compiled-graph call: a stream runs the
     # kernels of one call in launch order, and nothing else comes between them but what that
@@ -422,7 +463,7 @@ def annotate(doc: dict[str, Any], capture: Capture) -> Report:
 
     events.extend(new_events)
     return Report(samples, compiled_self, attributed_self, unattributed_events, len(calls), eager, unknown_stacks,
-                  _uncaptured(events, nesting))
+                  uncaptured)
 
 
 def _replayed(events: list[dict[str, Any]], run: list[int], attribution: Callable[[Kernel | None, str], Attribution],
@@ -474,26 +515,60 @@ def _common(atts: list[Attribution]) -> Attribution:
     return Attribution(scopes[0][:n], kernel, atts[0].backward, tuple(scopes) if len(scopes) > 1 else (), atts[0].graph)
 
 
-def _uncaptured(events: list[dict[str, Any]], nesting: _Nesting) -> float:
-    """Self time of the ATen ops of Dynamo's compiled regions in which none of our ranges ran."""
-    total = 0.0
+def _eager_in_compiled_frames(events: list[dict[str, Any]], nesting: _Nesting,
+                              graph_ranges: set[int]) -> tuple[list[tuple[int, int]], float]:
+    """The ATen ops that ran eagerly in Dynamo's compiled regions, outside our graph calls.
+
+    Returns, for each outermost such op of a region in which a graph of ours ran, the Dynamo
+    graph run (``## call_hierarchy dynamo graph D @ S ##``) whose module stack is the op's: the
+    one around it (AOTAutograd's runtime wrappers), else the latest one before it among its
+    siblings or theirs (an op at a graph break runs in the frame of the graph before it), else
+    the first after it (-1: none); and the self time of the ATen ops of regions in which none
+    of our ranges ran (code compiled before the capture, see :attr:`Report.uncaptured_self_us`).
+    """
     children, self_us = nesting.children, nesting.self_us
+    ops: list[tuple[int, int]] = []
+    uncaptured = 0.0
+
+    def visit(node: int, run: int) -> int:
+        """Visit ``node``'s children with ``run`` the Dynamo graph run so far; the last one seen."""
+        waiting: list[int] = []
+        for c in children[node] or ():
+            if c in graph_ranges:
+                continue
+            name = str(events[c].get("name", ""))
+            if name.startswith(DYNAMO_RANGE_PREFIX):
+                ops.extend((w, c) for w in waiting)
+                waiting.clear()
+                run = c
+                visit(c, c)
+            elif name.startswith("aten::") and events[c].get("cat") == "cpu_op":
+                if run >= 0:
+                    ops.append((c, run))
+                else:
+                    waiting.append(c)
+            else:  # a nested region (a resumed frame), a range of the user's, ...
+                run = visit(c, run)
+        ops.extend((w, run) for w in waiting)
+        return run
+
     for i in nesting.outside:  # the outermost regions (an event outside regions, or a region's root)
         if not str(events[i].get("name", "")).startswith(DYNAMO_REGION):
             continue
-        ops: list[int] = []
+        aten: list[int] = []
         todo = [i]
         while todo:
             j = todo.pop()
             name = str(events[j].get("name", ""))
             if name.startswith(RANGE_PREFIX):
-                break  # a graph of ours ran in it: captured
+                visit(i, -1)  # a graph of ours ran in it: captured
+                break
             if name.startswith("aten::"):
-                ops.append(j)
+                aten.append(j)
             todo.extend(children[j] or ())
         else:
-            total += sum(self_us[j] for j in ops)
-    return total
+            uncaptured += sum(self_us[j] for j in aten)
+    return ops, uncaptured
 
 
 def _write(pairs: Iterable[tuple[dict[str, Any], Attribution]]) -> None:
