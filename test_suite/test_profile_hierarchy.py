@@ -354,6 +354,38 @@ def test_cuda_graph_replay_attributed_in_run_order(train: bool, monkeypatch: pyt
                    for e in device)
 
 
+def test_host_scalar_read_of_the_graph_code_attributed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inductor's CUDA wrapper reads a device scalar on the host (``.item()`` for a scalar input or
+    an unbacked size) among its kernel calls; no node's kernel, so the graph's as a whole (its
+    common scope), not unattributed. Injected into a CPU profile (CPU kernels read it themselves)."""
+    from scripts.hierarchy_profiler import jsonio
+
+    loads = jsonio.loads
+    injected: list[dict[str, Any]] = []
+
+    def with_item(data: bytes) -> tuple[Any, bool]:
+        doc, strict = loads(data)
+        events = doc["traceEvents"]
+        for r in [e for e in events if str(e.get("name")).startswith("## call_hierarchy graph ")]:
+            first = min((e["ts"] for e in events if e.get("ph") == "X" and e is not r and e.get("tid") == r["tid"]
+                         and r["ts"] < e["ts"] <= r["ts"] + r["dur"]), default=r["ts"] + r["dur"])
+            gap = first - r["ts"]
+            if gap > 0.02:
+                host = {"ph": "X", "cat": "cpu_op", "pid": r["pid"], "tid": r["tid"], "args": {}}
+                injected.append({**host, "name": "aten::item", "ts": r["ts"] + gap / 4, "dur": gap / 2})
+                events.append({**host, "name": "aten::_local_scalar_dense", "ts": r["ts"] + gap / 3, "dur": gap / 4})
+        events.extend(injected)
+        return doc, strict
+
+    monkeypatch.setattr(jsonio, "loads", with_item)
+    result = profile("nested", train=True)
+    assert injected
+    assert result.report.unattributed_events == 0, result.summary()
+    for e in injected:
+        assert e["args"]["call_hierarchy"] == ["Nested"] and "call_hierarchy_unattributed" not in e["args"], e
+    check_inside_scope_slices(result.trace)
+
+
 def test_trace_loads_in_holistic_trace_analysis(qwen2_train: tuple[Path, str], tmp_path: Path) -> None:
     """An independent consumer: HTA parses the annotated trace; slices nest properly per thread."""
     from hta.common.trace import Trace

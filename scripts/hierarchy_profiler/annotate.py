@@ -67,6 +67,8 @@ DYNAMO_REGION = "Torch-Compiled Region"
 BRANCH_PREFIX = "## call_hierarchy branch "
 SCOPE_CAT = "call_hierarchy"
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation")
+# Inductor's wrapper reads a device scalar into a Python number (a scalar input, an unbacked size)
+HOST_READS = frozenset({"aten::item", "aten::_local_scalar_dense"})
 # A compiled graph run as a CUDA graph (mode="reduce-overhead") launches its kernels in one call
 GRAPH_LAUNCHES = frozenset({"cudaGraphLaunch", "cuGraphLaunch", "hipGraphLaunch"})
 # Compiled code runs inside these: Dynamo's frames, our Dynamo graph runs and compiled-graph calls,
@@ -276,6 +278,14 @@ def annotate(doc: dict[str, Any], capture: Capture) -> Report:
     replay_of: dict[int, tuple[Callable[[Kernel | None, str], Attribution], list[Kernel]]] = {}
     whole: dict[tuple[int, str], Kernel] = {}  # (graph, event name) -> the graph as one kernel
 
+    def as_a_whole(graph: CompiledGraph, name: str) -> Kernel:
+        """A host op of the graph's code that no node's kernel is: at the graph's common scope."""
+        kernel = whole.get((graph.index, name))
+        if kernel is None:
+            scope = common_prefix(k.sites[0] if k.sites else k.hierarchy for k in graph.kernels)
+            kernel = whole[(graph.index, name)] = Kernel(name, name, scope)
+        return kernel
+
     for _ts, t, r in calls:
         m = GRAPH_RANGE.match(events[r]["name"])
         assert m is not None
@@ -343,17 +353,15 @@ def annotate(doc: dict[str, Any], capture: Capture) -> Report:
                     kernel = matcher.match(key)
                     if kernel is None and graph is not None:
                         kernel = graph.repeats.get(key)  # once per loop iteration
+                        if kernel is None and key in HOST_READS:
+                            kernel = as_a_whole(graph, name)
                 kernel_events.append((c, attribution(kernel, name)))
 
         if r in replays and graph is not None:
             # The host's part of a replay (copying the inputs, the launch) is the graph's as a whole
-            scope = common_prefix(k.sites[0] if k.sites else k.hierarchy for k in graph.kernels)
             for c in children[r] or ():
                 name = str(events[c].get("name", ""))
-                kernel = whole.get((graph.index, name))
-                if kernel is None:
-                    kernel = whole[(graph.index, name)] = Kernel(name, name, scope)
-                kernel_events.append((c, attribution(kernel, name)))
+                kernel_events.append((c, attribution(as_a_whole(graph, name), name)))
             for launch in replays[r]:
                 replay_of[launch] = (attribution, graph.kernels)
         else:
