@@ -668,6 +668,26 @@ def test_ops_run_eagerly_at_a_graph_break_are_attributed(backend: str) -> None:
     check_inside_scope_slices(result.trace)
 
 
+def test_pregraph_ops_of_a_dynamic_frame_are_its_own() -> None:
+    """With dynamic shapes Dynamo's pregraph bytecode makes tensors (``aten::lift_fresh``) before
+    the graph it prepares runs: they are the frame's ops, at its module stack, not unattributed."""
+    torch._dynamo.reset()
+    workload = models.qwen2()
+    hp = CallHierarchyProfiler(workload.model)
+    with hp, torch.no_grad():
+        compiled = torch.compile(workload.model, dynamic=True)
+        compiled(*workload.args, **workload.kwargs)
+        with hp.profile() as prof:
+            compiled(*workload.args, **workload.kwargs)
+            prof.step()
+    result = hp.result
+    assert result is not None
+    pregraph = [e for e in result.trace["traceEvents"] if e.get("name") == "aten::lift_fresh"]
+    assert pregraph, "no pregraph op: the test no longer covers what it is for"
+    assert all(e["args"]["call_hierarchy"] == ["Qwen2ForCausalLM"] for e in pregraph), pregraph
+    assert result.report.unattributed_events == 0, result.summary()
+
+
 class _Relu(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()

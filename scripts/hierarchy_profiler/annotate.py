@@ -538,8 +538,12 @@ def _eager_in_compiled_frames(events: list[dict[str, Any]], nesting: _Nesting,
     ops: list[tuple[int, int]] = []
     uncaptured = 0.0
 
-    def visit(node: int, run: int) -> int:
-        """Visit ``node``'s children with ``run`` the Dynamo graph run so far; the last one seen."""
+    def visit(node: int, run: int) -> tuple[int, list[int]]:
+        """Visit ``node``'s children with ``run`` the Dynamo graph run so far (-1: none yet).
+
+        Returns the last run seen, and the ops seen before any run: they wait for the next one
+        (Dynamo's pregraph bytecode runs before the graph it prepares).
+        """
         waiting: list[int] = []
         for c in children[node] or ():
             if c in graph_ranges:
@@ -555,10 +559,10 @@ def _eager_in_compiled_frames(events: list[dict[str, Any]], nesting: _Nesting,
                     ops.append((c, run))
                 else:
                     waiting.append(c)
-            else:  # a nested region (a resumed frame), a range of the user's, ...
-                run = visit(c, run)
-        ops.extend((w, run) for w in waiting)
-        return run
+            else:  # a nested region (a resumed frame), Dynamo's pregraph bytecode, a user's range, ...
+                run, before = visit(c, run)
+                waiting.extend(before)
+        return run, waiting
 
     for i in nesting.outside:  # the outermost regions (an event outside regions, or a region's root)
         if not str(events[i].get("name", "")).startswith(DYNAMO_REGION):
@@ -568,8 +572,9 @@ def _eager_in_compiled_frames(events: list[dict[str, Any]], nesting: _Nesting,
         while todo:
             j = todo.pop()
             name = str(events[j].get("name", ""))
-            if name.startswith(RANGE_PREFIX):
-                visit(i, -1)  # a graph of ours ran in it: captured
+            if name.startswith(RANGE_PREFIX):  # a graph of ours ran in it: captured
+                _, alone = visit(i, -1)
+                ops.extend((w, -1) for w in alone)
                 break
             if name.startswith("aten::"):
                 aten.append(j)
