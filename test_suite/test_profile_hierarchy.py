@@ -668,6 +668,50 @@ def test_ops_run_eagerly_at_a_graph_break_are_attributed(backend: str) -> None:
     check_inside_scope_slices(result.trace)
 
 
+class _Inner(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.lin(x)
+        return h * h.abs().sum().item()  # a graph break in a frame of its own
+
+
+class _Outer(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = _Inner()
+        self.out = torch.nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.inner(x)
+        count = torch.nonzero(y)  # the outer frame's own graph break, with no graph of its own before it
+        return self.out(y) + count.float().mean()
+
+
+def test_eager_ops_stay_in_their_own_frame() -> None:
+    """An op the outer frame runs eagerly after an inner module's frame (compiled on its own,
+    with its own graphs) returned is not the inner module's; with no graph of its own frame
+    before or after it at its level, it is at the common scope of the frames around it."""
+    torch._dynamo.reset()
+    model, x = _Outer(), torch.randn(8, 16)
+    hp = CallHierarchyProfiler(model)
+    with hp, torch.no_grad():
+        compiled = torch.compile(model)
+        compiled(x)
+        with hp.profile() as prof:
+            compiled(x)
+            prof.step()
+    result = hp.result
+    assert result is not None
+    events = result.trace["traceEvents"]
+    assert [e["args"]["call_hierarchy"] for e in events if e.get("name") == "aten::item"] == [
+        ["_Outer", "inner (_Inner)"]]
+    assert [e["args"]["call_hierarchy"] for e in events if e.get("name") == "aten::nonzero"] == [["_Outer"]]
+    assert result.report.unattributed_events == 0, result.summary()
+
+
 def test_pregraph_ops_of_a_dynamic_frame_are_its_own() -> None:
     """With dynamic shapes Dynamo's pregraph bytecode makes tensors (``aten::lift_fresh``) before
     the graph it prepares runs: they are the frame's ops, at its module stack, not unattributed."""

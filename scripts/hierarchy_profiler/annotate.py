@@ -390,20 +390,27 @@ def annotate(doc: dict[str, Any], capture: Capture) -> Report:
     # ATen ops that ran eagerly inside a compiled frame, outside its graphs (at a graph break, in
     # AOTAutograd's runtime wrappers): the module stack of the frame's graph run beside or around them
     eager_ops, uncaptured = _eager_in_compiled_frames(events, nesting, graph_ranges)
-    eager_memo: dict[tuple[int, str], Attribution] = {}
-    for op, run in eager_ops:
+    eager_memo: dict[tuple[tuple[int, ...], str], Attribution] = {}
+    for op, runs in eager_ops:
         name = str(events[op].get("name", ""))
-        dm = DYNAMO_RANGE.match(str(events[run].get("name", ""))) if run >= 0 else None
-        sid = int(dm.group(2)) if dm else -1
-        att = eager_memo.get((sid, name))
+        sids = []
+        for run in runs:
+            dm = DYNAMO_RANGE.match(str(events[run].get("name", "")))
+            if dm and int(dm.group(2)) < len(capture.stacks):
+                sids.append(int(dm.group(2)))
+        key = (tuple(sorted(set(sids))), name)
+        att = eager_memo.get(key)
         if att is None:
-            if 0 <= sid < len(capture.stacks):
-                scope = capture.scopes.absolute(capture.stacks[sid], outside=capture.outside[sid])
+            if sids:  # several: the op's frame is not known, their common scope is
+                scopes = [capture.scopes.absolute(capture.stacks[sid], outside=capture.outside[sid]) for sid in key[0]]
+                scope = scopes[0][:min(len(s) for s in scopes)]
+                for s in scopes[1:]:
+                    scope = scope[:next((i for i, (a, b) in enumerate(zip(scope, s)) if a != b), len(scope))]
                 att = Attribution(scope, f"{name} (eager)", graph=EAGER_GRAPH)
             else:
                 att = Attribution((capture.scopes.root_label, UNATTRIBUTED), f"{name} (eager)", graph=EAGER_GRAPH,
                                   reason="ran eagerly in a compiled frame in which no graph of ours ran")
-            eager_memo[(sid, name)] = att
+            eager_memo[key] = att
         total_self = 0.0
         todo = [op]
         while todo:
@@ -524,19 +531,21 @@ def _common(atts: list[Attribution]) -> Attribution:
 
 
 def _eager_in_compiled_frames(events: list[dict[str, Any]], nesting: _Nesting,
-                              graph_ranges: set[int]) -> tuple[list[tuple[int, int]], float]:
+                              graph_ranges: set[int]) -> tuple[list[tuple[int, tuple[int, ...]]], float]:
     """The ATen ops that ran eagerly in Dynamo's compiled regions, outside our graph calls.
 
     Returns, for each outermost such op of a region in which a graph of ours ran, the Dynamo
     graph run (``## call_hierarchy dynamo graph D @ S ##``) whose module stack is the op's: the
-    one around it (AOTAutograd's runtime wrappers), else the latest one before it among its
-    siblings or theirs (an op at a graph break runs in the frame of the graph before it), else
-    the first after it (-1: none); and the self time of the ATen ops of regions in which none
+    one around it (AOTAutograd's runtime wrappers), else the latest one of its frame before it
+    (an op at a graph break runs in the frame of the graph before it), else the first after it,
+    else (a frame with no graph) the one of the frame that called it; else, the frame not being
+    known, every run of the outermost region (their common scope is the op's); and the self time of the ATen ops of regions in which none
     of our ranges ran (code compiled before the capture, see :attr:`Report.uncaptured_self_us`).
     """
     children, self_us = nesting.children, nesting.self_us
-    ops: list[tuple[int, int]] = []
+    ops: list[tuple[int, tuple[int, ...]]] = []
     uncaptured = 0.0
+    seen: list[int] = []  # the runs of the region being visited
 
     def visit(node: int, run: int) -> tuple[int, list[int]]:
         """Visit ``node``'s children with ``run`` the Dynamo graph run so far (-1: none yet).
@@ -550,16 +559,23 @@ def _eager_in_compiled_frames(events: list[dict[str, Any]], nesting: _Nesting,
                 continue
             name = str(events[c].get("name", ""))
             if name.startswith(DYNAMO_RANGE_PREFIX):
-                ops.extend((w, c) for w in waiting)
+                ops.extend((w, (c,)) for w in waiting)
                 waiting.clear()
                 run = c
+                seen.append(c)
                 visit(c, c)
             elif name.startswith("aten::") and events[c].get("cat") == "cpu_op":
                 if run >= 0:
-                    ops.append((c, run))
+                    ops.append((c, (run,)))
                 else:
                     waiting.append(c)
-            else:  # a nested region (a resumed frame), Dynamo's pregraph bytecode, a user's range, ...
+            elif name.startswith(DYNAMO_REGION):  # another frame Dynamo ran (a callee, a resumed frame)
+                _, before = visit(c, -1)  # its own runs are not this frame's
+                if run >= 0:
+                    ops.extend((w, (run,)) for w in before)
+                else:
+                    waiting.extend(before)
+            else:  # this frame's: Dynamo's pregraph bytecode, a runtime wrapper, ...
                 run, before = visit(c, run)
                 waiting.extend(before)
         return run, waiting
@@ -573,8 +589,9 @@ def _eager_in_compiled_frames(events: list[dict[str, Any]], nesting: _Nesting,
             j = todo.pop()
             name = str(events[j].get("name", ""))
             if name.startswith(RANGE_PREFIX):  # a graph of ours ran in it: captured
+                seen.clear()
                 _, alone = visit(i, -1)
-                ops.extend((w, -1) for w in alone)
+                ops.extend((w, tuple(seen)) for w in alone)
                 break
             if name.startswith("aten::"):
                 aten.append(j)
