@@ -59,6 +59,25 @@ def profile(model: str, backend: str = "inductor", train: bool = False, iters: i
     return hp.result
 
 
+def profile_module(model: torch.nn.Module, *args: Any, backend: str = "inductor",
+                   call_kwargs: dict[str, Any] | None = None, **compile_kwargs: Any) -> ProfileResult:
+    """Inference of ``model(*args, **call_kwargs)`` compiled inside the profiler (``torch.compile``
+    with ``compile_kwargs``): one warm-up, one measured call."""
+    call_kwargs = call_kwargs or {}
+    torch._dynamo.reset()
+    hp = CallHierarchyProfiler(model)
+    with hp, torch.no_grad():
+        if backend != "inductor":
+            compile_kwargs["backend"] = hp.backend(backend)
+        compiled = torch.compile(model, **compile_kwargs)
+        compiled(*args, **call_kwargs)
+        with hp.profile() as prof:
+            compiled(*args, **call_kwargs)
+            prof.step()
+    assert hp.result is not None
+    return hp.result
+
+
 def scope_at(root: Scope, *labels: str) -> Scope:
     node = root
     for label in labels:
@@ -609,17 +628,7 @@ class _Loop(torch.nn.Module):
 def test_while_loop_body_attributed_per_iteration(backend: str) -> None:
     """torch.while_loop: its body runs a number of times known only at run time (3 here); each
     run of its kernels is in the body's scope, the predicate reads in the loop's."""
-    torch._dynamo.reset()
-    model, x = _Loop(), torch.randn(2, 8)
-    hp = CallHierarchyProfiler(model)
-    with hp, torch.no_grad():
-        compiled = torch.compile(model) if backend == "inductor" else torch.compile(model, backend=hp.backend(backend))
-        compiled(x)
-        with hp.profile() as prof:
-            compiled(x)
-            prof.step()
-    result = hp.result
-    assert result is not None
+    result = profile_module(_Loop(), torch.randn(2, 8), backend=backend)
     assert result.report.unattributed_events == 0, result.summary()
     check_tree_adds_up(result)
     linear = scope_at(result.root, "_Loop.step#0", "lin (Linear)").ops
@@ -645,17 +654,7 @@ class _ItemBreak(torch.nn.Module):
 def test_ops_run_eagerly_at_a_graph_break_are_attributed(backend: str) -> None:
     """The ATen ops a compiled frame runs eagerly between its graphs are in the tree and the
     trace, at the module stack of the frame (the layer), marked ``(eager)``: not dropped."""
-    torch._dynamo.reset()
-    model, x = torch.nn.Sequential(_ItemBreak(), _ItemBreak()), torch.randn(8, 16)
-    hp = CallHierarchyProfiler(model)
-    with hp, torch.no_grad():
-        compiled = torch.compile(model) if backend == "inductor" else torch.compile(model, backend=hp.backend(backend))
-        compiled(x)
-        with hp.profile() as prof:
-            compiled(x)
-            prof.step()
-    result = hp.result
-    assert result is not None
+    result = profile_module(torch.nn.Sequential(_ItemBreak(), _ItemBreak()), torch.randn(8, 16), backend=backend)
     assert result.report.share == 1.0 and result.report.unattributed_events == 0, result.summary()
     check_tree_adds_up(result)
     for layer in ("0 (_ItemBreak)", "1 (_ItemBreak)"):
@@ -694,17 +693,7 @@ def test_eager_ops_stay_in_their_own_frame() -> None:
     """An op the outer frame runs eagerly after an inner module's frame (compiled on its own,
     with its own graphs) returned is not the inner module's; with no graph of its own frame
     before or after it at its level, it is at the common scope of the frames around it."""
-    torch._dynamo.reset()
-    model, x = _Outer(), torch.randn(8, 16)
-    hp = CallHierarchyProfiler(model)
-    with hp, torch.no_grad():
-        compiled = torch.compile(model)
-        compiled(x)
-        with hp.profile() as prof:
-            compiled(x)
-            prof.step()
-    result = hp.result
-    assert result is not None
+    result = profile_module(_Outer(), torch.randn(8, 16))
     events = result.trace["traceEvents"]
     assert [e["args"]["call_hierarchy"] for e in events if e.get("name") == "aten::item"] == [
         ["_Outer", "inner (_Inner)"]]
@@ -715,17 +704,8 @@ def test_eager_ops_stay_in_their_own_frame() -> None:
 def test_pregraph_ops_of_a_dynamic_frame_are_its_own() -> None:
     """With dynamic shapes Dynamo's pregraph bytecode makes tensors (``aten::lift_fresh``) before
     the graph it prepares runs: they are the frame's ops, at its module stack, not unattributed."""
-    torch._dynamo.reset()
     workload = models.qwen2()
-    hp = CallHierarchyProfiler(workload.model)
-    with hp, torch.no_grad():
-        compiled = torch.compile(workload.model, dynamic=True)
-        compiled(*workload.args, **workload.kwargs)
-        with hp.profile() as prof:
-            compiled(*workload.args, **workload.kwargs)
-            prof.step()
-    result = hp.result
-    assert result is not None
+    result = profile_module(workload.model, *workload.args, call_kwargs=workload.kwargs, dynamic=True)
     pregraph = [e for e in result.trace["traceEvents"] if e.get("name") == "aten::lift_fresh"]
     assert pregraph, "no pregraph op: the test no longer covers what it is for"
     assert all(e["args"]["call_hierarchy"] == ["Qwen2ForCausalLM"] for e in pregraph), pregraph

@@ -67,8 +67,6 @@ DYNAMO_REGION = "Torch-Compiled Region"
 BRANCH_PREFIX = "## call_hierarchy branch "
 SCOPE_CAT = "call_hierarchy"
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation")
-# Inductor's wrapper reads a device scalar into a Python number (a scalar input, an unbacked size)
-HOST_READS = frozenset({"aten::item", "aten::_local_scalar_dense"})
 # A compiled graph run as a CUDA graph (mode="reduce-overhead") launches its kernels in one call
 GRAPH_LAUNCHES = frozenset({"cudaGraphLaunch", "cuGraphLaunch", "hipGraphLaunch"})
 # Compiled code runs inside these: Dynamo's frames, our Dynamo graph runs and compiled-graph calls,
@@ -278,12 +276,30 @@ def annotate(doc: dict[str, Any], capture: Capture) -> Report:
     replay_of: dict[int, tuple[Callable[[Kernel | None, str], Attribution], list[Kernel]]] = {}
     whole: dict[tuple[int, str], Kernel] = {}  # (graph, event name) -> the graph as one kernel
 
+    def claim(call: int, att: Attribution) -> None:
+        """``call`` (a kernel call, an eager op) and every event below it are ``att``'s: one sample."""
+        nonlocal compiled_self, attributed_self, unattributed_events
+        total_self = 0.0
+        todo = [call]
+        while todo:  # depth first
+            j = todo.pop()
+            attributions[j] = att
+            total_self += self_us[j]
+            kids = children[j]
+            if kids:
+                todo.extend(kids)
+        compiled_self += total_self
+        if att.attributed:
+            attributed_self += total_self
+        else:
+            unattributed_events += 1
+        samples.append(Sample(att, nesting.dur[call], total_self))
+
     def as_a_whole(graph: CompiledGraph, name: str) -> Kernel:
-        """A host op of the graph's code that no node's kernel is: at the graph's common scope."""
+        """A host op of a CUDA-graph replay's call (the input copy, the launch): the graph's as a whole."""
         kernel = whole.get((graph.index, name))
         if kernel is None:
-            scope = common_prefix(k.sites[0] if k.sites else k.hierarchy for k in graph.kernels)
-            kernel = whole[(graph.index, name)] = Kernel(name, name, scope)
+            kernel = whole[(graph.index, name)] = Kernel(name, name, graph.common_scope)
         return kernel
 
     for _ts, t, r in calls:
@@ -296,9 +312,8 @@ def annotate(doc: dict[str, Any], capture: Capture) -> Report:
         outside: Outside | None = None  # the run is outside the model
         p = parent[r]
         while p >= 0:
-            dm = DYNAMO_RANGE.match(str(events[p].get("name", "")))
-            if dm:
-                sid = int(dm.group(2))
+            sid = _stack_id(events[p])
+            if sid is not None:
                 if sid < len(capture.stacks):
                     stack, outside = capture.stacks[sid], capture.outside[sid]
                 break
@@ -352,9 +367,7 @@ def annotate(doc: dict[str, Any], capture: Capture) -> Report:
                         key = keys[name] = event_key(name)
                     kernel = matcher.match(key)
                     if kernel is None and graph is not None:
-                        kernel = graph.repeats.get(key)  # once per loop iteration
-                        if kernel is None and key in HOST_READS:
-                            kernel = as_a_whole(graph, name)
+                        kernel = graph.repeats.get(key)  # a loop's predicate, a host scalar read
                 kernel_events.append((c, attribution(kernel, name)))
 
         if r in replays and graph is not None:
@@ -368,21 +381,7 @@ def annotate(doc: dict[str, Any], capture: Capture) -> Report:
             match(children[r] or (), _Matcher(graph.kernels) if graph is not None else None)
 
         for c, att in kernel_events:
-            total_self = 0.0
-            todo = [c]
-            while todo:  # the kernel call and every event below it, depth first
-                j = todo.pop()
-                attributions[j] = att
-                total_self += self_us[j]
-                kids = children[j]
-                if kids:
-                    todo.extend(kids)
-            compiled_self += total_self
-            if att.attributed:
-                attributed_self += total_self
-            else:
-                unattributed_events += 1
-            samples.append(Sample(att, nesting.dur[c], total_self))
+            claim(c, att)
         # the range's own self time (the Python wrapper around the generated code)
         graph_ranges.add(r)
         new_events.extend(_scope_slices(events, nesting.dur, t, kernel_events))
@@ -393,37 +392,20 @@ def annotate(doc: dict[str, Any], capture: Capture) -> Report:
     eager_memo: dict[tuple[tuple[int, ...], str], Attribution] = {}
     for op, runs in eager_ops:
         name = str(events[op].get("name", ""))
-        sids = []
-        for run in runs:
-            dm = DYNAMO_RANGE.match(str(events[run].get("name", "")))
-            if dm and int(dm.group(2)) < len(capture.stacks):
-                sids.append(int(dm.group(2)))
-        key = (tuple(sorted(set(sids))), name)
+        sids = {sid for sid in map(_stack_id, (events[run] for run in runs))
+                if sid is not None and sid < len(capture.stacks)}
+        key = (tuple(sorted(sids)), name)
         att = eager_memo.get(key)
         if att is None:
             if sids:  # several: the op's frame is not known, their common scope is
-                scopes = [capture.scopes.absolute(capture.stacks[sid], outside=capture.outside[sid]) for sid in key[0]]
-                scope = scopes[0][:min(len(s) for s in scopes)]
-                for s in scopes[1:]:
-                    scope = scope[:next((i for i, (a, b) in enumerate(zip(scope, s)) if a != b), len(scope))]
+                scope = common_prefix(capture.scopes.absolute(capture.stacks[sid], outside=capture.outside[sid])
+                                      for sid in key[0])
                 att = Attribution(scope, f"{name} (eager)", graph=EAGER_GRAPH)
             else:
                 att = Attribution((capture.scopes.root_label, UNATTRIBUTED), f"{name} (eager)", graph=EAGER_GRAPH,
                                   reason="ran eagerly in a compiled frame in which no graph of ours ran")
             eager_memo[key] = att
-        total_self = 0.0
-        todo = [op]
-        while todo:
-            j = todo.pop()
-            attributions[j] = att
-            total_self += self_us[j]
-            todo.extend(children[j] or ())
-        compiled_self += total_self
-        if att.attributed:
-            attributed_self += total_self
-        else:
-            unattributed_events += 1
-        samples.append(Sample(att, nesting.dur[op], total_self))
+        claim(op, att)
         e = events[op]
         new_events.extend(_scope_slices(events, nesting.dur, (e.get("pid"), e.get("tid")), [(op, att)]))
 
@@ -492,27 +474,28 @@ def _replayed(events: list[dict[str, Any]], run: list[int], attribution: Callabl
     attribution; several, their common scope, with theirs as sources.
     """
     out: dict[int, Attribution] = {}
-    pos = 0
+    matcher = _Matcher(kernels)
     waiting: list[int] = []
 
-    def settle(upto: int) -> None:
+    def settle(start: int, upto: int) -> None:
+        """The waiting device kernels ran for ``kernels[start:upto]``, the ones passed over."""
         if waiting:
-            between = [attribution(k, k.name) for k in kernels[pos:upto]]
+            between = [attribution(k, k.name) for k in kernels[start:upto]]
             att = _common(between) if between else attribution(None, str(events[waiting[0]].get("name", "")))
             for d in waiting:
                 out[d] = att
             waiting.clear()
 
     for d in run:
-        name = events[d].get("name", "")
-        j = next((j for j in range(pos, min(len(kernels), pos + _Matcher.LOOKAHEAD)) if kernels[j].key == name), None)
-        if j is None:
+        name = str(events[d].get("name", ""))
+        start = matcher.pos
+        kernel = matcher.match(name)
+        if kernel is None:
             waiting.append(d)
             continue
-        settle(j)
-        out[d] = attribution(kernels[j], name)
-        pos = j + 1
-    settle(len(kernels))
+        settle(start, matcher.pos - 1)
+        out[d] = attribution(kernel, name)
+    settle(matcher.pos, len(kernels))
     return out
 
 
@@ -521,13 +504,16 @@ def _common(atts: list[Attribution]) -> Attribution:
     scopes = list(dict.fromkeys(a.scope for a in atts))
     if len(scopes) == 1 and len({a.kernel for a in atts}) == 1:
         return atts[0]
-    n = min(len(s) for s in scopes)
-    for i in range(n):
-        if any(s[i] != scopes[0][i] for s in scopes):
-            n = i
-            break
     kernel = " + ".join(dict.fromkeys(a.kernel for a in atts))
-    return Attribution(scopes[0][:n], kernel, atts[0].backward, tuple(scopes) if len(scopes) > 1 else (), atts[0].graph)
+    return Attribution(common_prefix(scopes), kernel, atts[0].backward, tuple(scopes) if len(scopes) > 1 else (),
+                       atts[0].graph)
+
+
+def _stack_id(event: dict[str, Any]) -> int | None:
+    """``S`` of a Dynamo graph run's range ``## call_hierarchy dynamo graph D @ S ##`` (its module
+    stack in :attr:`Capture.stacks`); ``None`` for any other event."""
+    m = DYNAMO_RANGE.match(str(event.get("name", "")))
+    return int(m.group(2)) if m else None
 
 
 def _eager_in_compiled_frames(events: list[dict[str, Any]], nesting: _Nesting,

@@ -335,9 +335,15 @@ class CompiledGraph:
     # subgraphs called at run time (torch.cond branches, a while_loop's cond_fn and body_fn) by the
     # name of their function, matched when their range is in the trace
     branches: dict[str, Branch] = dataclasses.field(default_factory=dict)
-    # events a higher-order op makes once per loop iteration outside its subgraphs, by event key:
-    # a while_loop reads its predicate (``aten::is_nonzero``)
+    # events the graph's code makes any number of times among its kernel calls, by event key: a
+    # while_loop reads its predicate once per iteration (``aten::is_nonzero``); Inductor's wrapper
+    # reads device scalars (``aten::item``, see add_host_reads)
     repeats: dict[str, Kernel] = dataclasses.field(default_factory=dict)
+
+    @property
+    def common_scope(self) -> Hierarchy:
+        """The lowest scope holding every kernel of the graph (an invoke_subgraph body's: its call site's)."""
+        return common_prefix(k.sites[0] if k.sites else k.hierarchy for k in self.kernels)
 
     @property
     def label(self) -> str:
@@ -577,6 +583,19 @@ def inductor_kernels(graph: CompiledGraph, gm: fx.GraphModule, provenance: dict[
     expand("", "", (), 0, graph.kernels)
 
 
+# Inductor's wrapper reads a device scalar into a Python number among its kernel calls (on CUDA:
+# ``.item()`` of a scalar input or of an unbacked size)
+HOST_READS = ("aten::item", "aten::_local_scalar_dense")
+
+
+def add_host_reads(graph: CompiledGraph) -> None:
+    """Match the graph's host scalar reads wherever they come among its kernel calls: no node's
+    kernel, they are the graph's as a whole (its common scope)."""
+    scope = graph.common_scope
+    for key in HOST_READS:
+        graph.repeats.setdefault(key, Kernel(key, key, scope))
+
+
 def aten_graph_kernels(graph: CompiledGraph, gm: fx.GraphModule) -> None:
     """Fill ``graph.kernels`` with the ATen ops of an ``aot_eager`` graph, in run order."""
 
@@ -794,6 +813,7 @@ class Capture:
                 "inference" if kwargs.get("is_inference") else "forward")
             graph = self.new_graph(dynamo_graph, kind, "inductor")
             inductor_kernels(graph, gm, provenance, getattr(compiled, "source_code", None))
+            add_host_reads(graph)
             self._label_calls(compiled, graph)
             return compiled
 

@@ -17,10 +17,6 @@ def _ops(node: Scope, timed: bool) -> dict[str, list[float]]:
     return {**node.ops, **node.device_ops} if timed and node.device_ops else node.ops
 
 
-def _weight(node: Scope, timed: bool) -> float:
-    return (node.total_ns + node.total_device_ns) / 1e6 if timed else float(node.total_count)
-
-
 def folded_lines(root: Scope, timed: bool) -> list[str]:
     """``scope;scope;kernel weight`` lines; weight = calls per iteration, or mean microseconds
     (timed: host and device time, each device kernel a frame ``<kernel> [device]``)."""
@@ -61,7 +57,7 @@ def write_flamegraph(path: Path, root: Scope, timed: bool, title: str) -> None:
     unit = "ms" if timed else "calls"
 
     def weight_of(node: Scope) -> float:
-        return _weight(node, timed)
+        return (node.total_ns + node.total_device_ns) / 1e6 if timed else float(node.total_count)
 
     def depth_of(node: Scope) -> int:
         return 1 + max([depth_of(c) for c in node.children.values()] + [1 if _ops(node, timed) else 0])
