@@ -70,7 +70,7 @@ def steps(hp: CallHierarchyProfiler, prof: torch.profiler.profile, iters: int) -
             t0 = time.process_time()
             prof.export_chrome_trace(str(path))
             t1 = time.process_time()
-            doc, _strict = jsonio.loads(path.read_bytes())
+            doc, _strict = jsonio.load(path)
             t2 = time.process_time()
         report = annotate(doc, hp.capture)
         build_tree(report.samples, iters, hp.capture.scopes.root_label)

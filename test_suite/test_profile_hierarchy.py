@@ -1047,7 +1047,48 @@ def test_wrapper_calls_splits_bodies() -> None:
                          ("body", "repeated_subgraph0"), ("kernel", "extern_kernels.mm:2")]
 
 
-def test_trace_json_same_values_with_orjson_json_or_neither(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_trace_events_in_any_order_attributed_alike(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The profiler writes each thread's events in time order, and the nesting reads them in one
+    pass; a trace in another order (edited, merged) is nested by time instead: every event gets the
+    same attribution, and the same scope slices are added."""
+    import copy
+
+    from scripts.hierarchy_profiler import annotate as annotate_module
+    from scripts.hierarchy_profiler import api
+
+    runs: list[tuple[list[dict[str, Any]], list[dict[str, Any]], Any, Any]] = []
+
+    def both_orders(doc: dict[str, Any], capture: Any) -> Any:
+        events = doc["traceEvents"]
+        # a stable sort on a hash of (start, duration): any order, but events that start and end
+        # together (their nesting is their order in the trace) keep theirs
+        order = sorted(range(len(events)), key=lambda i: hash((events[i].get("ts"), events[i].get("dur"))))
+        assert order != list(range(len(events)))
+        shuffled = {"traceEvents": [copy.deepcopy(events[i]) for i in order]}
+        shuffled_report = annotate_module.annotate(shuffled, capture)
+        report = annotate_module.annotate(doc, capture)
+        n = len(order)
+        unshuffled = [None] * n
+        for k, i in enumerate(order):
+            unshuffled[i] = shuffled["traceEvents"][k]
+        runs.append((events[:n], unshuffled, report, shuffled_report))
+        assert events[n:] and shuffled["traceEvents"][n:]
+        slices = sorted(json.dumps(e, sort_keys=True) for e in events[n:])
+        assert slices == sorted(json.dumps(e, sort_keys=True) for e in shuffled["traceEvents"][n:])
+        return report
+
+    monkeypatch.setattr(api, "annotate", both_orders)
+    result = profile("nested-graph-break", train=True)
+    assert result.report.share >= 0.99
+    (events, unshuffled, report, shuffled_report), = runs
+    assert sum("call_hierarchy" in e.get("args", {}) for e in events) > 100
+    assert events == unshuffled
+    assert (shuffled_report.share, shuffled_report.unattributed_events) == (report.share, report.unattributed_events)
+    assert sorted((s.attribution.scope, s.attribution.kernel) for s in shuffled_report.samples) == sorted(
+        (s.attribution.scope, s.attribution.kernel) for s in report.samples)
+
+
+def test_trace_json_same_values_with_orjson_json_or_neither(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """jsonio: orjson (pinned) and json give the same values; what orjson refuses or would change goes to json."""
     import math
 
@@ -1063,8 +1104,13 @@ def test_trace_json_same_values_with_orjson_json_or_neither(monkeypatch: pytest.
     nan, strict = jsonio.loads(b'{"a": NaN, "b": [Infinity]}')  # not strict JSON: json parses it, and writes it
     assert not strict and math.isnan(nan["a"]) and jsonio.dumps(nan, strict) == b'{"a": NaN, "b": [Infinity]}'
     assert jsonio.dumps({1: 2**70}, True) == json.dumps({1: 2**70}).encode()  # orjson refuses: json writes it
+    (tmp_path / "trace.json").write_bytes(data)  # a file (the profiler's export), mapped: the same values
+    (tmp_path / "nan.json").write_bytes(b'{"a": NaN, "b": [Infinity]}')
+    assert jsonio.load(tmp_path / "trace.json") == (value, True)
+    assert str(jsonio.load(tmp_path / "nan.json")) == str((nan, False))
     monkeypatch.setattr(jsonio, "orjson", None)  # a venv without orjson: json does everything, same values
     assert jsonio.loads(data) == (value, False)
+    assert jsonio.load(tmp_path / "trace.json") == (value, False)
     assert jsonio.dumps(value, True) == json.dumps(value).encode()
 
 

@@ -122,9 +122,13 @@ class Report:
 class _Nesting:
     """The complete events (``ph: "X"``) of every thread, nested by time; lists are by event index."""
 
-    outside: list[int]  # events outside compiled regions: thread by thread, in time order
+    outside: list[int]  # events outside compiled regions, in time order on each thread
     parent: list[int]  # -1: none
     children: list[list[int] | None]
+    # fields of the complete events, read once ("", None, 0.0 for the others)
+    name: list[str]
+    cat: list[Any]
+    start: list[float]
     dur: list[float]
     self_us: list[float]  # duration minus the children's durations, at least 0
     in_region: list[bool]  # some ancestor is a compiled region ("Torch-Compiled Region", "## ...")
@@ -134,19 +138,49 @@ class _Nesting:
 
 
 def _nest(events: list[dict[str, Any]]) -> _Nesting:
-    """One pass to read each event's fields, one per thread to nest by containment."""
+    """Nest the complete events of each thread by containment.
+
+    The profiler writes each thread's events in time order, the longer first of two that start
+    together: one pass reads each event's fields and nests it.  A trace in another order (one
+    that was edited, merged) is nested again in the order of ``(start, -duration)``.
+    """
+    nesting = _nest_in_order(events, range(len(events)))
+    if nesting is None:
+        untimed = [i for i, e in enumerate(events) if e.get("ph") != "X" or "ts" not in e]
+        timed = sorted((float(e["ts"]), -float(e.get("dur", 0.0)), i) for i, e in enumerate(events)
+                       if e.get("ph") == "X" and "ts" in e)
+        nesting = _nest_in_order(events, untimed + [i for _ts, _neg_dur, i in timed])
+        assert nesting is not None, "events in time order"
+    return nesting
+
+
+def _nest_in_order(events: list[dict[str, Any]], order: Iterable[int]) -> _Nesting | None:
+    """:func:`_nest`, visiting the events in ``order``; ``None`` if a thread's are not in time order."""
     n = len(events)
+    names = [""] * n
+    cats: list[Any] = [None] * n
+    starts = [0.0] * n
     dur = [0.0] * n
-    keyed: dict[tuple[Any, Any], list[tuple[float, float, int]]] = {}
+    parent = [-1] * n
+    children: list[list[int] | None] = [None] * n
+    child_dur = [0.0] * n
+    in_region = [False] * n
+    outside: list[int] = []
     regions: set[int] = set()
     calls: list[tuple[float, tuple[Any, Any], int]] = []
     device: list[int] = []
     graph_launches: list[int] = []
     gpu_cats = frozenset(GPU_CATS)
     fields = itemgetter("ph", "cat", "name", "pid", "tid", "ts", "dur")  # one call reads a complete event
+    # Per thread: the open events (each an ancestor of the next), their ends, and the last
+    # event's start and duration.  Most events are on the thread of the event before them.
+    threads: dict[tuple[Any, Any], tuple[list[int], list[float], list[float]]] = {}
     thread: tuple[Any, Any] | None = None
-    items: list[tuple[float, float, int]] = []  # thread's
-    for i, e in enumerate(events):
+    stack: list[int] = []
+    ends: list[float] = []
+    last: list[float] = []
+    for i in order:
+        e = events[i]
         try:
             ph, cat, name, pid, tid, ts, d = fields(e)
         except KeyError:  # not every field (metadata, flows, instant events): one by one
@@ -161,61 +195,58 @@ def _nest(events: list[dict[str, Any]]) -> _Nesting:
             name, pid, tid, ts, d = e.get("name", ""), e.get("pid"), e.get("tid"), e["ts"], e.get("dur", 0.0)
         if ph != "X":
             continue
+        t = (pid, tid)
+        if t != thread:
+            found = threads.get(t)
+            if found is None:
+                found = threads[t] = ([], [], [float("-inf"), 0.0])
+            stack, ends, last = found
+            thread = t
+        start = float(ts)
+        d = float(d)
+        if start < last[0] or (start == last[0] and d > last[1]):
+            return None  # not in time order: it may be inside an event already closed
+        last[0] = start
+        last[1] = d
         if cat in gpu_cats:
             device.append(i)
-        t = (pid, tid)
-        start = float(ts)
-        d = dur[i] = float(d)
-        if t != thread:  # most events are on the thread of the event before them
-            found = keyed.get(t)
-            if found is None:
-                found = keyed[t] = []
-            items, thread = found, t
-        items.append((start, -d, i))
         if not isinstance(name, str):
             name = str(name)
+        names[i] = name
+        cats[i] = cat
+        starts[i] = start
+        dur[i] = d
         if cat == "cuda_runtime" and name in GRAPH_LAUNCHES:
             graph_launches.append(i)
         if name.startswith(REGION_PREFIXES):
             regions.add(i)
             if GRAPH_RANGE.match(name):
                 calls.append((start, t, i))
-    calls.sort()
-
-    parent = [-1] * n
-    children: list[list[int] | None] = [None] * n
-    child_dur = [0.0] * n
-    in_region = [False] * n
-    outside: list[int] = []
-    for items in keyed.values():
-        items.sort()  # by start, the longer first; ties in trace order (the trace is nearly sorted)
-        stack: list[int] = []
-        ends: list[float] = []  # of the events on the stack
-        for start, neg_dur, i in items:
-            end = start - neg_dur
-            limit = end - 1e-6
-            while ends and ends[-1] < limit:
-                stack.pop()  # ended before this event does: not its parent
-                ends.pop()
-            if stack:
-                p = stack[-1]
-                parent[i] = p
-                kids = children[p]
-                if kids is None:
-                    children[p] = [i]
-                else:
-                    kids.append(i)
-                child_dur[p] += dur[i]
-                if in_region[p] or p in regions:
-                    in_region[i] = True
-                else:
-                    outside.append(i)
+        end = start + d
+        limit = end - 1e-6
+        while ends and ends[-1] < limit:
+            stack.pop()  # ended before this event does: not its parent
+            ends.pop()
+        if stack:
+            p = stack[-1]
+            parent[i] = p
+            kids = children[p]
+            if kids is None:
+                children[p] = [i]
+            else:
+                kids.append(i)
+            child_dur[p] += d
+            if in_region[p] or p in regions:
+                in_region[i] = True
             else:
                 outside.append(i)
-            stack.append(i)
-            ends.append(end)
+        else:
+            outside.append(i)
+        stack.append(i)
+        ends.append(end)
+    calls.sort()
     self_us = [d - c if d > c else 0.0 for d, c in zip(dur, child_dur)]  # max(0.0, d - c)
-    return _Nesting(outside, parent, children, dur, self_us, in_region, calls, device, graph_launches)
+    return _Nesting(outside, parent, children, names, cats, starts, dur, self_us, in_region, calls, device, graph_launches)
 
 
 class _Matcher:
@@ -250,7 +281,7 @@ def annotate(doc: dict[str, Any], capture: Capture) -> Report:
     events: list[dict[str, Any]] = doc["traceEvents"]
     graphs = {g.index: g for g in capture.graphs}
     nesting = _nest(events)
-    parent, children, self_us = nesting.parent, nesting.children, nesting.self_us
+    parent, children, self_us, names = nesting.parent, nesting.children, nesting.self_us, nesting.name
     calls = nesting.calls
 
     pending: dict[int, list[tuple[tuple[str, ...] | None, Outside | None]]] = {}
@@ -261,7 +292,7 @@ def annotate(doc: dict[str, Any], capture: Capture) -> Report:
     unattributed_events = unknown_stacks = 0
     graph_ranges: set[int] = set()
     # one Attribution per (runtime stack, kernel): shared by every call of that kernel
-    memo: dict[tuple[tuple[str, ...] | None, Outside | None, int], Attribution] = {}
+    memo: dict[tuple[tuple[str, ...] | None, Outside | None], dict[int, Attribution]] = {}
     keys: dict[str, str] = {}  # event name -> event_key
     # Compiled-graph calls that replayed a CUDA graph (mode="reduce-overhead"): their kernels
     # ran with no host event each, all launched by the replay
@@ -303,7 +334,7 @@ def annotate(doc: dict[str, Any], capture: Capture) -> Report:
         return kernel
 
     for _ts, t, r in calls:
-        m = GRAPH_RANGE.match(events[r]["name"])
+        m = GRAPH_RANGE.match(names[r])
         assert m is not None
         graph = graphs.get(int(m.group(1)))
         # The runtime module stack: from the enclosing Dynamo graph run, or (backward) the
@@ -312,7 +343,7 @@ def annotate(doc: dict[str, Any], capture: Capture) -> Report:
         outside: Outside | None = None  # the run is outside the model
         p = parent[r]
         while p >= 0:
-            sid = _stack_id(events[p])
+            sid = _stack_id(names[p])
             if sid is not None:
                 if sid < len(capture.stacks):
                     stack, outside = capture.stacks[sid], capture.outside[sid]
@@ -326,17 +357,19 @@ def annotate(doc: dict[str, Any], capture: Capture) -> Report:
             if stack is None:
                 unknown_stacks += 1
         base = stack or ()
-        graph_name = f"graph {graph.index} {graph.kind}" if graph else events[r]["name"]
+        graph_name = f"graph {graph.index} {graph.kind}" if graph else names[r]
         kernel_events: list[tuple[int, Attribution]] = []
+        kernel_memo = memo.setdefault((stack, outside), {})  # by id(kernel)
 
         # bound to this call: a CUDA-graph replay's device kernels are attributed after the loop
         def attribution(kernel: Kernel | None, name: str, graph: CompiledGraph | None = graph,
                         stack: tuple[str, ...] | None = stack, outside: Outside | None = outside,
-                        base: tuple[str, ...] = base, graph_name: str = graph_name) -> Attribution:
+                        base: tuple[str, ...] = base, graph_name: str = graph_name,
+                        kernel_memo: dict[int, Attribution] = kernel_memo) -> Attribution:
             if kernel is None or graph is None:
                 why = "not a kernel of this graph" if graph is not None else "graph not captured"
                 return Attribution(capture.scopes.absolute(base) + (UNATTRIBUTED,), name, graph=graph_name, reason=why)
-            found = memo.get((stack, outside, id(kernel)))
+            found = kernel_memo.get(id(kernel))
             if found is None:
                 scope = capture.scopes.absolute(base, *kernel.sites, kernel.hierarchy, outside=outside)
                 sources = tuple(capture.scopes.absolute(base, *kernel.sites, s, outside=outside)
@@ -344,15 +377,13 @@ def annotate(doc: dict[str, Any], capture: Capture) -> Report:
                 if stack is None and graph.backward:
                     scope = scope[:1] + ("(forward call not in trace)",) + scope[1:]
                 label = kernel.name + (" (bw)" if graph.backward else "")
-                found = memo[(stack, outside, id(kernel))] = Attribution(scope, label, graph.backward, sources, graph_name)
+                found = kernel_memo[id(kernel)] = Attribution(scope, label, graph.backward, sources, graph_name)
             return found
 
         def match(calls: Iterable[int], matcher: _Matcher | None) -> None:
             """The kernel calls among ``calls`` (events of one graph call, or of a cond branch's call)."""
             for c in calls:
-                name = events[c].get("name", "")
-                if not isinstance(name, str):
-                    name = str(name)
+                name = names[c]
                 if graph is not None and graph.branches and name.startswith(BRANCH_PREFIX):
                     b = BRANCH_RANGE.match(name)
                     branch = graph.branches.get(b.group(1)) if b else None
@@ -373,7 +404,7 @@ def annotate(doc: dict[str, Any], capture: Capture) -> Report:
         if r in replays and graph is not None:
             # The host's part of a replay (copying the inputs, the launch) is the graph's as a whole
             for c in children[r] or ():
-                name = str(events[c].get("name", ""))
+                name = names[c]
                 kernel_events.append((c, attribution(as_a_whole(graph, name), name)))
             for launch in replays[r]:
                 replay_of[launch] = (attribution, graph.kernels)
@@ -384,15 +415,15 @@ def annotate(doc: dict[str, Any], capture: Capture) -> Report:
             claim(c, att)
         # the range's own self time (the Python wrapper around the generated code)
         graph_ranges.add(r)
-        new_events.extend(_scope_slices(events, nesting.dur, t, kernel_events))
+        new_events.extend(_scope_slices(nesting, t, kernel_events))
 
     # ATen ops that ran eagerly inside a compiled frame, outside its graphs (at a graph break, in
     # AOTAutograd's runtime wrappers): the module stack of the frame's graph run beside or around them
-    eager_ops, uncaptured = _eager_in_compiled_frames(events, nesting, graph_ranges)
+    eager_ops, uncaptured = _eager_in_compiled_frames(nesting, graph_ranges)
     eager_memo: dict[tuple[tuple[int, ...], str], Attribution] = {}
     for op, runs in eager_ops:
-        name = str(events[op].get("name", ""))
-        sids = {sid for sid in map(_stack_id, (events[run] for run in runs))
+        name = names[op]
+        sids = {sid for sid in map(_stack_id, (names[run] for run in runs))
                 if sid is not None and sid < len(capture.stacks)}
         key = (tuple(sorted(sids)), name)
         att = eager_memo.get(key)
@@ -407,7 +438,7 @@ def annotate(doc: dict[str, Any], capture: Capture) -> Report:
             eager_memo[key] = att
         claim(op, att)
         e = events[op]
-        new_events.extend(_scope_slices(events, nesting.dur, (e.get("pid"), e.get("tid")), [(op, att)]))
+        new_events.extend(_scope_slices(nesting, (e.get("pid"), e.get("tid")), [(op, att)]))
 
     # Device events: the attribution of the CPU event that launched them (args.correlation), and
     # scope slices on their own track (a stream), per compiled-graph call: a stream runs the
@@ -428,7 +459,7 @@ def annotate(doc: dict[str, Any], capture: Capture) -> Report:
                 if launcher in replay_of:
                     runs.setdefault(launcher, []).append(d)
             for launcher, run in runs.items():
-                run.sort(key=lambda d: float(events[d].get("ts", 0.0)))
+                run.sort(key=nesting.start.__getitem__)
                 replayed.update(_replayed(events, run, *replay_of[launcher]))
         tracks: dict[tuple[Any, Any, int], list[tuple[int, Attribution]]] = {}
         for d, launcher in launched_by:
@@ -446,15 +477,15 @@ def annotate(doc: dict[str, Any], capture: Capture) -> Report:
             if "ts" in e:
                 tracks.setdefault((e.get("pid"), e.get("tid"), call), []).append((d, launched))
         for (pid, tid, _call), kernels in tracks.items():
-            kernels.sort(key=lambda k: float(events[k[0]]["ts"]))
-            new_events.extend(_scope_slices(events, nesting.dur, (pid, tid), kernels))
+            kernels.sort(key=lambda k: nesting.start[k[0]])
+            new_events.extend(_scope_slices(nesting, (pid, tid), kernels))
 
     _write(device_events)
     _write((events[i], att) for i, att in attributions.items())
 
     eager = 0.0
     for i in nesting.outside:
-        if i in graph_ranges or events[i].get("cat") != "cpu_op":
+        if i in graph_ranges or nesting.cat[i] != "cpu_op":
             continue
         eager += self_us[i]
 
@@ -509,15 +540,14 @@ def _common(atts: list[Attribution]) -> Attribution:
                        atts[0].graph)
 
 
-def _stack_id(event: dict[str, Any]) -> int | None:
+def _stack_id(name: str) -> int | None:
     """``S`` of a Dynamo graph run's range ``## call_hierarchy dynamo graph D @ S ##`` (its module
-    stack in :attr:`Capture.stacks`); ``None`` for any other event."""
-    m = DYNAMO_RANGE.match(str(event.get("name", "")))
+    stack in :attr:`Capture.stacks`); ``None`` for any other event name."""
+    m = DYNAMO_RANGE.match(name)
     return int(m.group(2)) if m else None
 
 
-def _eager_in_compiled_frames(events: list[dict[str, Any]], nesting: _Nesting,
-                              graph_ranges: set[int]) -> tuple[list[tuple[int, tuple[int, ...]]], float]:
+def _eager_in_compiled_frames(nesting: _Nesting, graph_ranges: set[int]) -> tuple[list[tuple[int, tuple[int, ...]]], float]:
     """The ATen ops that ran eagerly in Dynamo's compiled regions, outside our graph calls.
 
     Returns, for each outermost such op of a region in which a graph of ours ran, the Dynamo
@@ -528,7 +558,7 @@ def _eager_in_compiled_frames(events: list[dict[str, Any]], nesting: _Nesting,
     known, every run of the outermost region (their common scope is the op's); and the self time of the ATen ops of regions in which none
     of our ranges ran (code compiled before the capture, see :attr:`Report.uncaptured_self_us`).
     """
-    children, self_us = nesting.children, nesting.self_us
+    children, self_us, names, cats = nesting.children, nesting.self_us, nesting.name, nesting.cat
     ops: list[tuple[int, tuple[int, ...]]] = []
     uncaptured = 0.0
     seen: list[int] = []  # the runs of the region being visited
@@ -543,14 +573,14 @@ def _eager_in_compiled_frames(events: list[dict[str, Any]], nesting: _Nesting,
         for c in children[node] or ():
             if c in graph_ranges:
                 continue
-            name = str(events[c].get("name", ""))
+            name = names[c]
             if name.startswith(DYNAMO_RANGE_PREFIX):
                 ops.extend((w, (c,)) for w in waiting)
                 waiting.clear()
                 run = c
                 seen.append(c)
                 visit(c, c)
-            elif name.startswith("aten::") and events[c].get("cat") == "cpu_op":
+            elif name.startswith("aten::") and cats[c] == "cpu_op":
                 if run >= 0:
                     ops.append((c, (run,)))
                 else:
@@ -567,13 +597,13 @@ def _eager_in_compiled_frames(events: list[dict[str, Any]], nesting: _Nesting,
         return run, waiting
 
     for i in nesting.outside:  # the outermost regions (an event outside regions, or a region's root)
-        if not str(events[i].get("name", "")).startswith(DYNAMO_REGION):
+        if not names[i].startswith(DYNAMO_REGION):
             continue
         aten: list[int] = []
         todo = [i]
         while todo:
             j = todo.pop()
-            name = str(events[j].get("name", ""))
+            name = names[j]
             if name.startswith(RANGE_PREFIX):  # a graph of ours ran in it: captured
                 seen.clear()
                 _, alone = visit(i, -1)
@@ -604,7 +634,7 @@ def _write(pairs: Iterable[tuple[dict[str, Any], Attribution]]) -> None:
             args["call_hierarchy_unattributed"] = att.reason
 
 
-def _scope_slices(events: list[dict[str, Any]], dur: list[float], thread: tuple[Any, Any],
+def _scope_slices(nesting: _Nesting, thread: tuple[Any, Any],
                   kernel_events: list[tuple[int, Attribution]]) -> list[dict[str, Any]]:
     """Nested scope slices around consecutive kernel calls of one compiled-graph call."""
     pid, tid = thread
@@ -626,8 +656,9 @@ def _scope_slices(events: list[dict[str, Any]], dur: list[float], thread: tuple[
             if ends and ends[-1] < end:
                 ends[-1] = end
 
+    event_start, dur = nesting.start, nesting.dur
     for c, att in kernel_events:
-        start = float(events[c]["ts"])
+        start = event_start[c]
         end = start + dur[c]
         scope = att.scope
         if scope is not labels:

@@ -294,7 +294,7 @@ class CallHierarchyProfiler:
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / "trace.json"
             prof.export_chrome_trace(str(path))
-            doc, strict = jsonio.loads(path.read_bytes())
+            doc, strict = jsonio.load(path)
         if iterations is None:
             iterations = _recorded_steps(doc) or 1
         eager = _dynamo_eager_frames(self._counters_before)
