@@ -376,6 +376,63 @@ def test_custom_function_backward_forward_origin_is_the_function() -> None:
         assert fmt(node.meta["fwd_call_hierarchy"]) == "ScaleGrad.forward#0", node.name
 
 
+class Gated(nn.Module):
+    """A ``torch.cond`` between two methods that call ``lin``."""
+
+    def __init__(self, dim: int = 8) -> None:
+        super().__init__()
+        self.lin = nn.Linear(dim, dim)
+
+    def positive(self, x: "torch.Tensor") -> "torch.Tensor":
+        return self.lin(x).sin()
+
+    def negative(self, x: "torch.Tensor") -> "torch.Tensor":
+        return self.lin(x).cos()
+
+    def forward(self, x: "torch.Tensor") -> "torch.Tensor":
+        return torch.cond(x.sum() > 0, self.positive, self.negative, (x,)) * 2
+
+
+class GatedModel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = Gated()
+
+    def forward(self, x: "torch.Tensor") -> "torch.Tensor":
+        return self.gate(x)
+
+
+def render_with_subgraphs(gm: "torch.fx.GraphModule", render_one: Callable[["torch.fx.GraphModule"], str]) -> str:
+    return "".join(f"--- {name or '<graph>'}\n{render_one(sub)}" for name, sub in gm.named_modules()
+                   if isinstance(sub, torch.fx.GraphModule))
+
+
+def test_cond_backward_golden() -> None:
+    """What a ``torch.cond`` branch's backward carries (RFC "Transforms", cond row): the forward
+    branches have each op's own hierarchy, the backward branches only the scope of the cond call,
+    which is true of every op in them; the forward ops a backward branch recomputes have none."""
+    torch.manual_seed(0)
+    workload = models.Workload(GatedModel(), (torch.randn(4, 8, requires_grad=True),))
+    captured = compile_aot(workload, train=True)
+    (forward,), (backward,) = captured.forward, captured.backward
+    branches = [sub for name, sub in forward.named_modules() if name]
+    assert len(branches) == 2
+    assert {fmt(n.meta["call_hierarchy"]) for b in branches for n in b.graph.nodes if n.op == "call_function"} == {
+        "gate (Gated) > Gated.positive#0 > lin (Linear)", "gate (Gated) > Gated.positive#0",
+        "gate (Gated) > Gated.negative#0 > lin (Linear)", "gate (Gated) > Gated.negative#0"}
+    bw_branches = [sub for name, sub in backward.named_modules() if name]
+    assert len(bw_branches) == 2
+    for branch in bw_branches:
+        ops = [n for n in branch.graph.nodes if n.op == "call_function"]
+        origins = {fmt(n.meta["fwd_call_hierarchy"]) for n in ops if "fwd_call_hierarchy" in n.meta}
+        assert origins == {"gate (Gated)"}, origins
+        recomputed = [n for n in ops if "fwd_call_hierarchy" not in n.meta]
+        assert [str(n.target) for n in recomputed] == ["aten.t.default", "aten.addmm.default"]
+        assert all("call_hierarchy" not in n.meta for n in recomputed)
+    assert_golden("cond_forward", render_with_subgraphs(forward, render))
+    assert_golden("cond_backward", render_with_subgraphs(backward, render_backward))
+
+
 # --------------------------------------------------------------------------- 3. checkpoint + min-cut
 
 
