@@ -608,6 +608,9 @@ def test_cond_branch_that_ran_is_attributed(backend: str, train: bool) -> None:
     assert scope_at(inner, "_Branchy.negative#0", "b (Linear)").total_count >= 1
     # the op after the cond ran once per call, twice per iteration: no branch kernel among its calls
     assert scope_at(inner, "out (Linear)").ops["aten::addmm"][0] == 2, scope_at(inner, "out (Linear)").ops
+    if train:  # a branch's backward kernels under the branch op they differentiate (patch 0014)
+        for branch, linear in (("_Branchy.positive#0", "a (Linear)"), ("_Branchy.negative#0", "b (Linear)")):
+            assert any(op.endswith(" (bw)") for op in kernels_under(scope_at(inner, branch, linear))), branch
 
 
 class _Loop(torch.nn.Module):

@@ -408,27 +408,30 @@ def render_with_subgraphs(gm: "torch.fx.GraphModule", render_one: Callable[["tor
 
 
 def test_cond_backward_golden() -> None:
-    """What a ``torch.cond`` branch's backward carries (RFC "Transforms", cond row): the forward
-    branches have each op's own hierarchy, the backward branches only the scope of the cond call,
-    which is true of every op in them; the forward ops a backward branch recomputes have none."""
+    """What a ``torch.cond`` branch's backward carries (RFC "Transforms", cond row): each backward
+    op the ``fwd_call_hierarchy`` of the branch op it was generated for, matched by the sequence
+    numbers of the autograd nodes the recomputed branch creates (patch 0014; before it, every op
+    had the cond call's scope), and the forward ops the backward branch recomputes their own
+    ``call_hierarchy`` (before: none)."""
     torch.manual_seed(0)
     workload = models.Workload(GatedModel(), (torch.randn(4, 8, requires_grad=True),))
     captured = compile_aot(workload, train=True)
     (forward,), (backward,) = captured.forward, captured.backward
     branches = [sub for name, sub in forward.named_modules() if name]
-    assert len(branches) == 2
-    assert {fmt(n.meta["call_hierarchy"]) for b in branches for n in b.graph.nodes if n.op == "call_function"} == {
-        "gate (Gated) > Gated.positive#0 > lin (Linear)", "gate (Gated) > Gated.positive#0",
-        "gate (Gated) > Gated.negative#0 > lin (Linear)", "gate (Gated) > Gated.negative#0"}
     bw_branches = [sub for name, sub in backward.named_modules() if name]
-    assert len(bw_branches) == 2
-    for branch in bw_branches:
-        ops = [n for n in branch.graph.nodes if n.op == "call_function"]
-        origins = {fmt(n.meta["fwd_call_hierarchy"]) for n in ops if "fwd_call_hierarchy" in n.meta}
-        assert origins == {"gate (Gated)"}, origins
-        recomputed = [n for n in ops if "fwd_call_hierarchy" not in n.meta]
+    assert len(branches) == len(bw_branches) == 2
+
+    def ops(gm: "torch.fx.GraphModule") -> list["torch.fx.Node"]:
+        return [n for n in gm.graph.nodes if n.op == "call_function"]
+
+    for method, branch, bw_branch in zip(("positive", "negative"), branches, bw_branches):
+        scopes = {fmt(n.meta["call_hierarchy"]) for n in ops(branch)}
+        assert scopes == {f"gate (Gated) > Gated.{method}#0", f"gate (Gated) > Gated.{method}#0 > lin (Linear)"}
+        origins = {fmt(n.meta["fwd_call_hierarchy"]) for n in ops(bw_branch) if "fwd_call_hierarchy" in n.meta}
+        assert origins == scopes, origins
+        recomputed = [n for n in ops(bw_branch) if "fwd_call_hierarchy" not in n.meta]
         assert [str(n.target) for n in recomputed] == ["aten.t.default", "aten.addmm.default"]
-        assert all("call_hierarchy" not in n.meta for n in recomputed)
+        assert {fmt(n.meta["call_hierarchy"]) for n in recomputed} == {f"gate (Gated) > Gated.{method}#0 > lin (Linear)"}
     assert_golden("cond_forward", render_with_subgraphs(forward, render))
     assert_golden("cond_backward", render_with_subgraphs(backward, render_backward))
 
