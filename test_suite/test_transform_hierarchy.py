@@ -436,6 +436,54 @@ def test_cond_backward_golden() -> None:
     assert_golden("cond_backward", render_with_subgraphs(backward, render_backward))
 
 
+class Recurrent(nn.Module):
+    """A ``scan`` over a step that calls ``lin``."""
+
+    def __init__(self, dim: int = 4) -> None:
+        super().__init__()
+        self.lin = nn.Linear(dim, dim)
+
+    def step(self, h: "torch.Tensor", x: "torch.Tensor") -> tuple["torch.Tensor", "torch.Tensor"]:
+        h = self.lin(h).tanh() + x
+        return h.clone(), h.sin()
+
+    def forward(self, xs: "torch.Tensor") -> "torch.Tensor":
+        from torch._higher_order_ops.scan import scan
+
+        return scan(self.step, torch.zeros(xs.shape[1:]), xs)[1]
+
+
+class RecurrentModel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.rnn = Recurrent()
+
+    def forward(self, xs: "torch.Tensor") -> "torch.Tensor":
+        return self.rnn(xs)
+
+
+@pytest.mark.parametrize("train", [False, True], ids=["inference", "train"])
+def test_scan_body_hierarchy(train: bool) -> None:
+    """A ``scan`` body (RFC "Transforms", scan row): in inference each op has its own hierarchy;
+    in training the body goes through the HOP partitioner, whose functionalizing retrace of the
+    joint graph runs it without its node metadata, so every forward and backward op of the body
+    has only the scope of the scan call, true of all of them."""
+    torch.manual_seed(0)
+    workload = models.Workload(RecurrentModel(), (torch.randn(3, 2, 4, requires_grad=train),))
+    captured = compile_aot(workload, train=train)
+
+    def body_scopes(gm: "torch.fx.GraphModule", key: str) -> set[str]:
+        (body,) = [sub for name, sub in gm.named_modules() if name]
+        return {fmt(n.meta[key]) if key in n.meta else "<absent>" for n in body.graph.nodes if n.op == "call_function"}
+
+    if not train:
+        assert body_scopes(captured.forward[0], "call_hierarchy") == {
+            "rnn (Recurrent) > Recurrent.step#0", "rnn (Recurrent) > Recurrent.step#0 > lin (Linear)"}
+    else:
+        assert body_scopes(captured.forward[0], "call_hierarchy") == {"rnn (Recurrent)"}
+        assert body_scopes(captured.backward[0], "fwd_call_hierarchy") == {"rnn (Recurrent)"}
+
+
 # --------------------------------------------------------------------------- 3. checkpoint + min-cut
 
 
