@@ -393,13 +393,16 @@ class Gated(nn.Module):
         return torch.cond(x.sum() > 0, self.positive, self.negative, (x,)) * 2
 
 
-class GatedModel(nn.Module):
-    def __init__(self) -> None:
+class Holder(nn.Module):
+    """A root that calls one child module, so that the HOP call is inside ``<attr> (<class>)``."""
+
+    def __init__(self, attr: str, child: nn.Module) -> None:
         super().__init__()
-        self.gate = Gated()
+        self.attr = attr
+        self.add_module(attr, child)
 
     def forward(self, x: "torch.Tensor") -> "torch.Tensor":
-        return self.gate(x)
+        return getattr(self, self.attr)(x)
 
 
 def render_with_subgraphs(gm: "torch.fx.GraphModule", render_one: Callable[["torch.fx.GraphModule"], str]) -> str:
@@ -414,7 +417,7 @@ def test_cond_backward_golden() -> None:
     had the cond call's scope), and the forward ops the backward branch recomputes their own
     ``call_hierarchy`` (before: none)."""
     torch.manual_seed(0)
-    workload = models.Workload(GatedModel(), (torch.randn(4, 8, requires_grad=True),))
+    workload = models.Workload(Holder("gate", Gated()), (torch.randn(4, 8, requires_grad=True),))
     captured = compile_aot(workload, train=True)
     (forward,), (backward,) = captured.forward, captured.backward
     branches = [sub for name, sub in forward.named_modules() if name]
@@ -453,15 +456,6 @@ class Recurrent(nn.Module):
         return scan(self.step, torch.zeros(xs.shape[1:]), xs)[1]
 
 
-class RecurrentModel(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.rnn = Recurrent()
-
-    def forward(self, xs: "torch.Tensor") -> "torch.Tensor":
-        return self.rnn(xs)
-
-
 @pytest.mark.parametrize("train", [False, True], ids=["inference", "train"])
 def test_scan_body_hierarchy(train: bool) -> None:
     """A ``scan`` body (RFC "Transforms", scan row): in inference each op has its own hierarchy;
@@ -469,7 +463,7 @@ def test_scan_body_hierarchy(train: bool) -> None:
     joint graph runs it without its node metadata, so every forward and backward op of the body
     has only the scope of the scan call, true of all of them."""
     torch.manual_seed(0)
-    workload = models.Workload(RecurrentModel(), (torch.randn(3, 2, 4, requires_grad=train),))
+    workload = models.Workload(Holder("rnn", Recurrent()), (torch.randn(3, 2, 4, requires_grad=train),))
     captured = compile_aot(workload, train=train)
 
     def body_scopes(gm: "torch.fx.GraphModule", key: str) -> set[str]:

@@ -31,6 +31,8 @@ Attribution written into the trace, on every event inside a compiled graph call:
   op it differentiates); ``args["call_hierarchy_sources"]``: the distinct source scopes of a
   kernel fused across scopes (it is attributed to their common scope);
   ``args["call_hierarchy_graph"]``: ``"graph G <kind>"``.
+* The events of one attribution (every call of a kernel under one runtime module stack) share
+  these lists: copy one before changing it in place.
 
 Scope slices: for every compiled graph call, the scopes of its consecutive kernel calls are
 added as nested complete events (``cat: "call_hierarchy"``) on the same thread, inside the
@@ -42,6 +44,7 @@ Nothing of the original trace is removed or changed except the added ``args``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Iterable
 from operator import itemgetter
 from typing import Any
@@ -88,6 +91,19 @@ class Attribution:
     @property
     def attributed(self) -> bool:
         return self.reason is None
+
+    @functools.cached_property
+    def trace_args(self) -> dict[str, Any]:
+        """What goes into the ``args`` of each of its events: built once, its lists shared by them."""
+        args: dict[str, Any] = {"call_hierarchy": list(self.scope), "call_hierarchy_kernel": self.kernel,
+                                "call_hierarchy_graph": self.graph}
+        if self.backward:
+            args["call_hierarchy_backward"] = True
+        if self.sources:
+            args["call_hierarchy_sources"] = [list(s) for s in self.sources]
+        if self.reason is not None:
+            args["call_hierarchy_unattributed"] = self.reason
+        return args
 
 
 @dataclasses.dataclass
@@ -621,17 +637,10 @@ def _write(pairs: Iterable[tuple[dict[str, Any], Attribution]]) -> None:
     """Add each attribution to its event's ``args``."""
     for e, att in pairs:
         args = e.get("args")
-        if args is None and "args" not in e:  # as setdefault, without a new dict per event
-            args = e["args"] = {}
-        args["call_hierarchy"] = list(att.scope)
-        args["call_hierarchy_kernel"] = att.kernel
-        args["call_hierarchy_graph"] = att.graph
-        if att.backward:
-            args["call_hierarchy_backward"] = True
-        if att.sources:
-            args["call_hierarchy_sources"] = [list(s) for s in att.sources]
-        if att.reason is not None:
-            args["call_hierarchy_unattributed"] = att.reason
+        if args is None:
+            e["args"] = dict(att.trace_args)
+        else:
+            args.update(att.trace_args)
 
 
 def _scope_slices(nesting: _Nesting, thread: tuple[Any, Any],
