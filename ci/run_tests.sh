@@ -6,7 +6,7 @@
 # upstream tests about 2).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-# The venvs take about 6.5 GB (.venv 1.2 GB; the 3.10 venv, a CUDA build, 4.7 GB): say what is free.
+# The venvs take about 6.5 GB (.venv 1.5 GB; the 3.10 venv, a CUDA build, 4.7 GB): say what is free.
 df -h . | awk 'NR == 2 {print "free disk: " $4 " of " $2}'
 python3 -m scripts.series setup || exit $?
 status=0

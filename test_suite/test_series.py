@@ -8,6 +8,7 @@ import json
 import os
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -563,6 +564,48 @@ def test_setup_for_a_missing_python_creates_nothing(series_layout: S.Layout, tmp
     with pytest.raises(S.SeriesError, match=r"Python 3\.9 is not available"):
         S.setup(series_layout, python="3.9")
     assert not (series_layout.root / ".venv-py3.9").exists()
+
+
+FAKE_PIP = """
+import json, os, sys
+args = sys.argv[1:]
+with open(os.environ["PIP_LOG"], "a") as log:
+    log.write(json.dumps(args) + "\\n")
+if "--report" in args:
+    install = [{"metadata": {"name": n, "version": v}} for n, v in (("torch", "2.13.0"), ("nvidia-cublas", "13.1"))]
+    with open(args[args.index("--report") + 1], "w") as fh:
+        json.dump({"install": install}, fh)
+sys.exit(1 if os.environ.get("PIP_FAIL", "-") in args else 0)
+"""
+
+
+def test_other_python_installs_one_wheel_at_a_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """pip resolves once (--dry-run --report), installs each resolved distribution alone, then checks the set:
+    a single install would keep every CUDA wheel (2.8 GB) on disk beside what it installs."""
+    (fake := tmp_path / "pip.py").write_text(FAKE_PIP)
+    monkeypatch.setenv("PIP_LOG", str(log := tmp_path / "log"))
+    pip = [sys.executable, str(fake), "-q"]
+    assert S.pip_install_one_at_a_time(pip, ["torch==2.13.0", "pytest==9.2.0"], "c.txt").returncode == 0
+    calls = [json.loads(line) for line in log.read_text().splitlines()]
+    assert calls[0][:2] == ["-q", "--dry-run"] and calls[0][4:] == ["torch==2.13.0", "pytest==9.2.0", "-c", "c.txt"]
+    assert calls[1:] == [["-q", "--no-deps", "torch==2.13.0", "-c", "c.txt"],
+                         ["-q", "--no-deps", "nvidia-cublas==13.1", "-c", "c.txt"],
+                         ["-q", "torch==2.13.0", "pytest==9.2.0", "-c", "c.txt"]]
+    log.unlink()
+    monkeypatch.setenv("PIP_FAIL", "torch==2.13.0")  # the first wheel fails: nothing after it is tried
+    assert S.pip_install_one_at_a_time(pip, ["torch==2.13.0"], "c.txt").returncode == 1
+    assert [c[1] for c in map(json.loads, log.read_text().splitlines())] == ["--dry-run"]
+
+
+def test_other_python_venv_is_refused_on_a_full_disk(series_layout: S.Layout, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    fake_pyenv(tmp_path, monkeypatch, ["3.10.13"])
+    free = S.CUDA_VENV_FREE_BYTES - 1
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10 * free, 9 * free, free))
+    with pytest.raises(S.SeriesError, match=r"creating .*\.venv-py3\.10 needs about 5\.5 GB of free disk .*5\.5 GB "
+                                            r"is free on .*; free some and rerun"):
+        S.setup(series_layout, python="3.10")
+    assert not (series_layout.root / ".venv-py3.10").exists()
 
 
 def test_matrix_venvs_and_pins(series_layout: S.Layout, tmp_path: Path) -> None:

