@@ -458,24 +458,39 @@ class Recurrent(nn.Module):
 
 @pytest.mark.parametrize("train", [False, True], ids=["inference", "train"])
 def test_scan_body_hierarchy(train: bool) -> None:
-    """A ``scan`` body (RFC "Transforms", scan row): in inference each op has its own hierarchy;
-    in training the body goes through the HOP partitioner, whose functionalizing retrace of the
-    joint graph runs it without its node metadata, so every forward and backward op of the body
-    has only the scope of the scan call, true of all of them."""
+    """A ``scan`` body (RFC "Transforms", scan row): each op has its own hierarchy, in inference and
+    in training, where the body goes through the HOP partitioner (a joint graph, a functionalizing
+    retrace, the min-cut split, a retrace of the backward body): backward ops get the body op
+    they were generated for (patch 0015; before it, every op had only the scan call's scope)."""
     torch.manual_seed(0)
     workload = models.Workload(Holder("rnn", Recurrent()), (torch.randn(3, 2, 4, requires_grad=train),))
     captured = compile_aot(workload, train=train)
 
-    def body_scopes(gm: "torch.fx.GraphModule", key: str) -> set[str]:
+    def body_scopes(gm: "torch.fx.GraphModule", key: str) -> dict[str, set[str]]:
         (body,) = [sub for name, sub in gm.named_modules() if name]
-        return {fmt(n.meta[key]) if key in n.meta else "<absent>" for n in body.graph.nodes if n.op == "call_function"}
+        scopes: dict[str, set[str]] = {}
+        for n in body.graph.nodes:
+            if n.op == "call_function":
+                scopes.setdefault(fmt(n.meta[key]) if key in n.meta else "<absent>", set()).add(str(n.target))
+        return scopes
 
+    step, lin = "rnn (Recurrent) > Recurrent.step#0", "rnn (Recurrent) > Recurrent.step#0 > lin (Linear)"
+    forward = body_scopes(captured.forward[0], "call_hierarchy")
+    assert forward[step] >= {"aten.tanh.default", "aten.add.Tensor", "aten.clone.default", "aten.sin.default"}
+    assert "aten.addmm.default" in forward[lin]
     if not train:
-        assert body_scopes(captured.forward[0], "call_hierarchy") == {
-            "rnn (Recurrent) > Recurrent.step#0", "rnn (Recurrent) > Recurrent.step#0 > lin (Linear)"}
-    else:
-        assert body_scopes(captured.forward[0], "call_hierarchy") == {"rnn (Recurrent)"}
-        assert body_scopes(captured.backward[0], "fwd_call_hierarchy") == {"rnn (Recurrent)"}
+        assert set(forward) == {step, lin}
+        return
+    # the scan's own clone of a carry it saves; the weight's transpose for the backward, which the
+    # partitioner moved into the forward body: a backward op, with no call_hierarchy
+    assert forward["rnn (Recurrent)"] == {"aten.clone.default"}
+    assert set(forward) == {step, lin, "rnn (Recurrent)", "<absent>"}
+    assert forward["<absent>"] == {"aten.t_copy.default"}
+    backward = body_scopes(captured.backward[0], "fwd_call_hierarchy")
+    assert backward[step] >= {"aten.cos.default", "aten.mul.Tensor", "aten.tanh_backward.default"}
+    assert backward[lin] >= {"aten.mm.default", "aten.sum.dim_IntList"}
+    # the gradient accumulations (of h, and of the additional inputs over the steps): the call's
+    assert backward["rnn (Recurrent)"] == {"aten.add.Tensor"}
 
 
 # --------------------------------------------------------------------------- 3. checkpoint + min-cut
