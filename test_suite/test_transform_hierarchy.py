@@ -493,6 +493,40 @@ def test_scan_body_hierarchy(train: bool) -> None:
     assert backward["rnn (Recurrent)"] == {"aten.add.Tensor"}
 
 
+class Prefix(nn.Module):
+    """An ``associative_scan`` (generic mode, as on CPU) of a combine method over ``lin``'s output."""
+
+    def __init__(self, dim: int = 4) -> None:
+        super().__init__()
+        self.lin = nn.Linear(dim, dim)
+
+    def combine(self, a: "torch.Tensor", b: "torch.Tensor") -> "torch.Tensor":
+        return a * b.sigmoid() + b
+
+    def forward(self, x: "torch.Tensor") -> "torch.Tensor":
+        from torch._higher_order_ops.associative_scan import associative_scan
+
+        return associative_scan(self.combine, self.lin(x), dim=0, combine_mode="generic")
+
+
+def test_associative_scan_generic_body_hierarchy() -> None:
+    """``associative_scan`` in generic mode (RFC "Transforms", cond/map/while_loop row) is traced
+    inline: each call of the combine function is counted, its ops and their backward ops carry it,
+    the scan's own slicing and concatenation the call's scope."""
+    torch.manual_seed(0)
+    workload = models.Workload(Holder("prefix", Prefix()), (torch.randn(5, 4, requires_grad=True),))
+    captured = compile_aot(workload, train=True)
+
+    def scopes(gm: "torch.fx.GraphModule", key: str) -> set[str]:
+        return {fmt(n.meta[key]) for mod in gm.modules() if isinstance(mod, torch.fx.GraphModule)
+                for n in mod.graph.nodes if n.op == "call_function" and key in n.meta}
+
+    combines = {s for s in scopes(captured.forward[0], "call_hierarchy") if "Prefix.combine#" in s}
+    assert len(combines) >= 2 and all(s.startswith("prefix (Prefix) > Prefix.combine#") for s in combines)
+    assert {"prefix (Prefix)", "prefix (Prefix) > lin (Linear)"} <= scopes(captured.forward[0], "call_hierarchy")
+    assert combines <= scopes(captured.backward[0], "fwd_call_hierarchy")
+
+
 # --------------------------------------------------------------------------- 3. checkpoint + min-cut
 
 
