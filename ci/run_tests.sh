@@ -2,7 +2,7 @@
 # The full test suite: bootstrap .venv (pinned torch + test deps) and the patched torch, then run
 # the lint and docs checks of the series, the harness tests (test_suite/) and the upstream test
 # files the series adds or changes (each file run by itself, then all under pytest), on Python 3.11
-# and on 3.10 (the oldest Python torch 2.13 supports; its venv takes about 5 minutes to create, its
+# and on 3.10 (the oldest Python torch 2.13 supports; its venv takes one to five minutes to create, its
 # upstream tests about 2).
 set -uo pipefail
 cd "$(dirname "$0")/.."
