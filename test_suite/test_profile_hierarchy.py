@@ -613,6 +613,66 @@ def test_cond_branch_that_ran_is_attributed(backend: str, train: bool) -> None:
             assert any(op.endswith(" (bw)") for op in kernels_under(scope_at(inner, branch, linear))), branch
 
 
+class _Looping(torch.nn.Module):
+    """A scan over a step and a map over a body, each calling ``lin``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(16, 16)
+
+    def step(self, h: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = self.lin(h).tanh() + x
+        return h.clone(), h.sin()
+
+    def body(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x).relu()
+
+    def forward(self, xs: torch.Tensor) -> torch.Tensor:
+        from torch._higher_order_ops.scan import scan
+
+        return torch._higher_order_ops.map(self.body, scan(self.step, torch.zeros(xs.shape[1:]), xs)[1])
+
+
+@pytest.mark.parametrize("train", [False, True])
+def test_scan_and_map_bodies_are_attributed_in_aot_eager(train: bool) -> None:
+    """aot_eager runs a scan's step and a map's body as Python loops over the subgraph: each
+    call's kernels are in the scope of the step's or the body's ops (backward ones under the op
+    they differentiate, patch 0015 for the scan); the loops' own slicing and stacking, no node's,
+    stay unattributed and are counted as such.  (Inductor cannot compile either on CPU in 2.13.)"""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = _Looping()
+    model.train(train)
+    xs = torch.randn(6, 4, 16, requires_grad=train)
+    hp = CallHierarchyProfiler(model)
+    with hp:
+        compiled = torch.compile(model, backend=hp.backend("aot_eager"))
+
+        def step() -> None:
+            if train:
+                model.zero_grad(set_to_none=True)
+                compiled(xs).sum().backward()
+            else:
+                with torch.no_grad():
+                    compiled(xs)
+
+        step()
+        with hp.profile() as prof:
+            step()
+            prof.step()
+    result = hp.result
+    assert result is not None
+    check_tree_adds_up(result)
+    root = result.root
+    for fn in ("_Looping.step#0", "_Looping.body#0"):
+        lin = scope_at(root, fn, "lin (Linear)")
+        assert lin.total_count >= 6, (fn, result.format_tree())  # once per step / slice at least
+        if train:
+            assert any(op.endswith(" (bw)") for op in kernels_under(lin)), (fn, result.format_tree())
+    assert 0.5 < result.report.share < 1.0, result.summary()
+    assert result.report.unattributed_events > 0
+
+
 class _Loop(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()

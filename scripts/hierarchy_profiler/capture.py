@@ -422,25 +422,30 @@ def _body_name(node: fx.Node) -> str | None:
 # Higher-order ops that call subgraphs a number of times known only at run time, and the
 # arguments that are the subgraphs: torch.cond's branches, torch.while_loop's cond_fn and body_fn.
 _RUNTIME_SUBGRAPHS = {"cond": slice(1, 3), "while_loop": slice(0, 2)}
+# In an ``aot_eager`` graph also a scan's step (called once per step) and a map's body (once per
+# slice): ATen runs them as Python loops over the subgraph.  (Inductor's CPU lowering of both fails
+# in torch 2.13, the flag off too, so the names its wrapper would call them by are not known here.)
+_EAGER_RUNTIME_SUBGRAPHS = {**_RUNTIME_SUBGRAPHS, "scan": slice(0, 1), "map_impl": slice(0, 1)}
 
 
 @dataclasses.dataclass(frozen=True)
 class _Subgraph:
     name: str  # the attribute of the graph module
-    op: str  # the higher-order op: "cond", "while_loop"
+    op: str  # the higher-order op: "cond", "while_loop", "scan", "map_impl"
     hierarchy: Hierarchy  # the op node's (the subgraph's nodes record their own whole hierarchies)
 
 
-def _runtime_subgraphs(gm: fx.GraphModule, backward: bool) -> dict[str, _Subgraph]:
-    """The subgraphs that higher-order ops of ``gm`` call at run time, by the names Inductor's
-    wrapper gives their functions (a cond's: the attribute's; a while_loop's: ``<node>_<attribute>``)
-    and by their attributes."""
+def _runtime_subgraphs(gm: fx.GraphModule, backward: bool,
+                       ops: dict[str, slice] = _RUNTIME_SUBGRAPHS) -> dict[str, _Subgraph]:
+    """The subgraphs that higher-order ops of ``gm`` (those in ``ops``) call at run time, by the
+    names Inductor's wrapper gives their functions (a cond's: the attribute's; a while_loop's:
+    ``<node>_<attribute>``) and by their attributes."""
     found: dict[str, _Subgraph] = {}
     for node in gm.graph.nodes:
         target = node.target
         if node.op != "call_function" or not isinstance(target, torch._ops.HigherOrderOperator):
             continue
-        args = _RUNTIME_SUBGRAPHS.get(target.name())
+        args = ops.get(target.name())
         for arg in node.args[args] if args is not None else ():
             if isinstance(arg, fx.Node) and arg.op == "get_attr":
                 sub = _Subgraph(str(arg.target), target.name(), _node_hierarchy(node, backward) or ())
@@ -601,7 +606,7 @@ def aten_graph_kernels(graph: CompiledGraph, gm: fx.GraphModule) -> None:
 
     def expand(module: fx.GraphModule, site_prefix: tuple[Hierarchy, ...], depth: int, into: list[Kernel],
                prefix: str) -> None:
-        conds = _runtime_subgraphs(module, graph.backward)
+        conds = _runtime_subgraphs(module, graph.backward, _EAGER_RUNTIME_SUBGRAPHS)
         for node in module.graph.nodes:
             if node.op != "call_function":
                 continue
@@ -612,7 +617,7 @@ def aten_graph_kernels(graph: CompiledGraph, gm: fx.GraphModule) -> None:
                     expand(body, site_prefix + (site,), depth + 1, into, f"{prefix}{_body_name(node)}.")
                 continue
             names = [str(a.target) for a in node.args if isinstance(a, fx.Node) and str(a.target) in conds]
-            if names and depth < 8:  # a cond (its predicate read as a bool, then one branch), a while_loop
+            if names and depth < 8:  # a cond (its predicate read as a bool, then one branch), a loop
                 predicate = node.args[0]
                 if (conds[names[0]].op == "cond" and isinstance(predicate, fx.Node)
                         and isinstance(predicate.meta.get("val"), torch.Tensor)):
