@@ -54,6 +54,7 @@ from .capture import (
     DYNAMO_RANGE,
     GRAPH_RANGE,
     RANGE_PREFIX,
+    Branch,
     Capture,
     CompiledGraph,
     Kernel,
@@ -396,8 +397,9 @@ def annotate(doc: dict[str, Any], capture: Capture) -> Report:
                 found = kernel_memo[id(kernel)] = Attribution(scope, label, graph.backward, sources, graph_name)
             return found
 
-        def match(calls: Iterable[int], matcher: _Matcher | None) -> None:
-            """The kernel calls among ``calls`` (events of one graph call, or of a cond branch's call)."""
+        def match(calls: Iterable[int], matcher: _Matcher | None, within: Branch | None = None) -> None:
+            """The kernel calls among ``calls`` (events of one graph call, or of a cond branch's call,
+            or of a whole scan's or map's call: ``within``)."""
             for c in calls:
                 name = names[c]
                 if graph is not None and graph.branches and name.startswith(BRANCH_PREFIX):
@@ -405,7 +407,7 @@ def annotate(doc: dict[str, Any], capture: Capture) -> Report:
                     branch = graph.branches.get(b.group(1)) if b else None
                     if branch is not None:  # the branch that ran: its own time is Python's, not a kernel's
                         _write([(events[c], attribution(branch.call, name))])
-                        match(children[c] or (), _Matcher(branch.kernels))
+                        match(children[c] or (), _Matcher(branch.kernels), branch)
                         continue
                 kernel = None
                 if matcher is not None:
@@ -415,6 +417,8 @@ def annotate(doc: dict[str, Any], capture: Capture) -> Report:
                     kernel = matcher.match(key)
                     if kernel is None and graph is not None:
                         kernel = graph.repeats.get(key)  # a loop's predicate, a host scalar read
+                    if kernel is None and within is not None:
+                        kernel = within.own_kernel(key)  # a scan's or map's own loop
                 kernel_events.append((c, attribution(kernel, name)))
 
         if r in replays and graph is not None:

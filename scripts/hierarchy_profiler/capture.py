@@ -322,6 +322,18 @@ class Branch:
 
     call: Kernel  # the call itself, at the cond's scope (its own time is Python's, not a kernel's)
     kernels: list[Kernel] = dataclasses.field(default_factory=list)  # its kernel calls, in run order
+    # A whole scan or map call (aot_eager): the ATen ops of its own loop (slicing, stacking) match
+    # no kernel of a graph; each is the call's, by op name, at the call's scope.
+    own: dict[str, Kernel] | None = None
+
+    def own_kernel(self, key: str) -> Kernel | None:
+        """The call's own op ``key`` (a scan's or map's loop), or ``None`` for other ranges."""
+        if self.own is None:
+            return None
+        kernel = self.own.get(key)
+        if kernel is None:
+            kernel = self.own[key] = Kernel(key, key, self.call.hierarchy, sites=self.call.sites)
+        return kernel
 
 
 @dataclasses.dataclass
@@ -426,6 +438,7 @@ _RUNTIME_SUBGRAPHS = {"cond": slice(1, 3), "while_loop": slice(0, 2)}
 # slice): ATen runs them as Python loops over the subgraph.  (Inductor's CPU lowering of both fails
 # in torch 2.13, the flag off too, so the names its wrapper would call them by are not known here.)
 _EAGER_RUNTIME_SUBGRAPHS = {**_RUNTIME_SUBGRAPHS, "scan": slice(0, 1), "map_impl": slice(0, 1)}
+_LOOPS = frozenset({"scan", "map_impl"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -601,12 +614,21 @@ def add_host_reads(graph: CompiledGraph) -> None:
         graph.repeats.setdefault(key, Kernel(key, key, scope))
 
 
-def aten_graph_kernels(graph: CompiledGraph, gm: fx.GraphModule) -> None:
-    """Fill ``graph.kernels`` with the ATen ops of an ``aot_eager`` graph, in run order."""
+def aten_graph_kernels(graph: CompiledGraph, gm: fx.GraphModule) -> list[tuple[fx.GraphModule, str, str]]:
+    """Fill ``graph.kernels`` with the ATen ops of an ``aot_eager`` graph, in run order.  Returns
+    the scan and map calls to put in a range each: (module, node name, name in ``graph.branches``)."""
+    loops: list[tuple[fx.GraphModule, str, str]] = []
 
     def expand(module: fx.GraphModule, site_prefix: tuple[Hierarchy, ...], depth: int, into: list[Kernel],
                prefix: str) -> None:
         conds = _runtime_subgraphs(module, graph.backward, _EAGER_RUNTIME_SUBGRAPHS)
+        for node in module.graph.nodes:  # a scan's or map's whole call: a range around the op
+            if node.op == "call_function" and getattr(node.target, "__name__", None) in _LOOPS:
+                name = prefix + node.name
+                graph.branches[name] = Branch(
+                    Kernel(f"{RANGE_PREFIX}branch {name} ##", f"{node.name} (torch.{node.target.__name__})",
+                           _node_hierarchy(node, graph.backward) or (), sites=site_prefix), own={})
+                loops.append((module, node.name, name))
         for node in module.graph.nodes:
             if node.op != "call_function":
                 continue
@@ -637,6 +659,7 @@ def aten_graph_kernels(graph: CompiledGraph, gm: fx.GraphModule) -> None:
                 into.append(k)
 
     expand(gm, (), 0, graph.kernels, "")
+    return loops
 
 
 # --------------------------------------------------------------------------- the capture
@@ -861,11 +884,17 @@ class Capture:
             def compiler(kind: str) -> Callable[[fx.GraphModule, Any], Any]:
                 def compile_graph(aten_gm: fx.GraphModule, _inputs: Any) -> Any:
                     graph = self.new_graph(dynamo_graph, kind, "aot_eager")
-                    aten_graph_kernels(graph, aten_gm)
+                    loops = aten_graph_kernels(graph, aten_gm)
                     for name, branch in graph.branches.items():  # the cond calls the branch module
+                        if branch.own is not None:  # a scan's or map's call: ranged below
+                            continue
                         body = aten_gm.get_submodule(name)
                         _ = body.code  # a lazy GraphModule makes its forward when its code is read
                         body.forward = _ranged(body.forward, branch.call.key)  # type: ignore[method-assign]
+                    for module, node_name, name in loops:  # the graph calls the scan or map op
+                        (node,) = [n for n in module.graph.nodes if n.name == node_name]
+                        node.target = _ranged(node.target, graph.branches[name].call.key)
+                        module.recompile()
                     label = graph.label
                     record = torch._C._profiler._RecordFunctionFast
                     forward = aten_gm.forward
