@@ -317,8 +317,9 @@ class Kernel:
 @dataclasses.dataclass
 class Branch:
     """A subgraph that a higher-order op calls a number of times known only at run time (a
-    ``torch.cond`` branch, a ``torch.while_loop``'s cond_fn or body_fn): each call is seen from
-    its range (``## call_hierarchy branch <name> ##``) around the call of its code."""
+    ``torch.cond`` branch, a ``torch.while_loop``'s cond_fn or body_fn; with aot_eager a scan's
+    step, a map's body), or a whole scan or map call (aot_eager): each call is seen from its
+    range (``## call_hierarchy branch <name> ##``) around the call of its code."""
 
     call: Kernel  # the call itself, at the cond's scope (its own time is Python's, not a kernel's)
     kernels: list[Kernel] = dataclasses.field(default_factory=list)  # its kernel calls, in run order
@@ -622,16 +623,16 @@ def aten_graph_kernels(graph: CompiledGraph, gm: fx.GraphModule) -> list[tuple[f
     def expand(module: fx.GraphModule, site_prefix: tuple[Hierarchy, ...], depth: int, into: list[Kernel],
                prefix: str) -> None:
         conds = _runtime_subgraphs(module, graph.backward, _EAGER_RUNTIME_SUBGRAPHS)
-        for node in module.graph.nodes:  # a scan's or map's whole call: a range around the op
-            if node.op == "call_function" and getattr(node.target, "__name__", None) in _LOOPS:
-                name = prefix + node.name
-                graph.branches[name] = Branch(
-                    Kernel(f"{RANGE_PREFIX}branch {name} ##", f"{node.name} (torch.{node.target.__name__})",
-                           _node_hierarchy(node, graph.backward) or (), sites=site_prefix), own={})
-                loops.append((module, node.name, name))
         for node in module.graph.nodes:
             if node.op != "call_function":
                 continue
+            target = node.target
+            if isinstance(target, torch._ops.HigherOrderOperator) and target.name() in _LOOPS:
+                name = prefix + node.name  # the whole call, its loop included: a range around the op
+                graph.branches[name] = Branch(
+                    Kernel(f"{RANGE_PREFIX}branch {name} ##", f"{node.name} (torch.{target.name()})",
+                           _node_hierarchy(node, graph.backward) or (), sites=site_prefix), own={})
+                loops.append((module, node.name, name))
             if _is_invoke_subgraph(node) and depth < 8:
                 body = getattr(module, _body_name(node) or "", None)
                 if isinstance(body, fx.GraphModule):
