@@ -19,7 +19,9 @@ import torch.fx.call_hierarchy  # noqa: E402,F401  (the patched torch: fail, nev
 
 from scripts.hierarchy_profiler import CallHierarchyProfiler, models  # noqa: E402
 from scripts.hierarchy_profiler.api import ProfileResult  # noqa: E402
-from scripts.hierarchy_profiler.capture import RuntimeScopes, wrapper_calls  # noqa: E402
+from scripts.hierarchy_profiler.capture import (  # noqa: E402
+    CompiledGraph, Kernel, RuntimeScopes, apply_recorded_names, wrapper_calls,
+)
 from scripts.hierarchy_profiler.cli import main  # noqa: E402
 from scripts.hierarchy_profiler.tree import Scope  # noqa: E402
 
@@ -611,6 +613,75 @@ def test_cond_branch_that_ran_is_attributed(backend: str, train: bool) -> None:
     if train:  # a branch's backward kernels under the branch op they differentiate (patch 0014)
         for branch, linear in (("_Branchy.positive#0", "a (Linear)"), ("_Branchy.negative#0", "b (Linear)")):
             assert any(op.endswith(" (bw)") for op in kernels_under(scope_at(inner, branch, linear))), branch
+
+
+def test_cpu_kernel_is_matched_by_the_name_its_code_records() -> None:
+    """A C++ template kernel (flex attention, a GEMM template) records ``graph_N_kernel``, not the
+    wrapper's name for it; a kernel whose code records nothing takes no later kernel's name."""
+    graph = CompiledGraph(0, 0, "inference", "inductor", kernels=[
+        Kernel("cpp_fused_a_0", "cpp_fused_a_0", ()), Kernel("cpp_fused_b_1", "cpp_fused_b_1", ()),
+        Kernel("cpp_fused_c_2", "cpp_fused_c_2", ()), Kernel("aten::mm", "aten::mm", ())])
+    source = "\n".join([
+        "cpp_fused_a_0 = async_compile.cpp_pybinding(['float*'], r'''",
+        'RAIIAtenRecordFunctionHandle record_graph_0_cpp_fused_a_0_("graph_0_cpp_fused_a_0", nullptr);',
+        "''')",
+        "cpp_fused_b_1 = async_compile.cpp_pybinding(['float*'], r'''",  # profiling off: no record",
+        "''')",
+        "cpp_fused_c_2 = async_compile.cpp_pybinding(['float*'], r'''",
+        'RAIIAtenRecordFunctionHandle record_graph_0_kernel_("graph_0_kernel", nullptr);',
+        "''')",
+    ])
+    apply_recorded_names(graph, source)
+    assert [k.key for k in graph.kernels] == ["cpp_fused_a_0", "cpp_fused_b_1", "kernel", "aten::mm"]
+    assert graph.kernels[2].name == "cpp_fused_c_2"  # shown by the wrapper's name
+
+
+def _rel_bias(score: torch.Tensor, b: torch.Tensor, h: torch.Tensor, q: torch.Tensor,
+              kv: torch.Tensor) -> torch.Tensor:
+    return score + (q - kv) * 0.1
+
+
+class _FlexModel(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.q = torch.nn.Linear(16, 16)
+        self.attn = _FlexAttention()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.attn(self.q(x).view(1, 2, 8, 8))
+
+
+class _FlexAttention(torch.nn.Module):
+    def forward(self, q: torch.Tensor) -> torch.Tensor:
+        from torch.nn.attention.flex_attention import flex_attention
+
+        return flex_attention(q, q, q, score_mod=_rel_bias)
+
+
+def test_flex_attention_template_kernel_is_attributed() -> None:
+    """Inductor's CPU flex attention is a C++ template whose code records ``graph_N_kernel``: it is
+    matched all the same, to its sources' scopes.  (Flex attention's backward is not supported on CPU.)"""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = _FlexModel().eval()
+    x = torch.randn(8, 16)
+    hp = CallHierarchyProfiler(model)
+    with hp:
+        compiled = torch.compile(model)
+        with torch.no_grad():
+            compiled(x)
+            with hp.profile() as prof:
+                compiled(x)
+                prof.step()
+    result = hp.result
+    assert result is not None
+    assert result.report.unattributed_events == 0, result.summary()
+    assert result.report.share == 1.0, result.summary()
+    template = [e for e in result.trace["traceEvents"] if str(e.get("name", "")).endswith("_kernel")
+                and "call_hierarchy" in e.get("args", {})]
+    # fused with the view of q before the attention: at the common scope, the attention among its sources
+    assert template and all(e["args"]["call_hierarchy"] == ["_FlexModel"] and ["_FlexModel", "attn (_FlexAttention)"]
+                            in e["args"]["call_hierarchy_sources"] for e in template), [e["args"] for e in template]
 
 
 class _Looping(torch.nn.Module):

@@ -563,6 +563,7 @@ def inductor_kernels(graph: CompiledGraph, gm: fx.GraphModule, provenance: dict[
             return int(tail) if tail.isdigit() else 0
 
         graph.kernels = [kernel(k, tables[""]) for k in sorted(provenance, key=handle)]
+        apply_recorded_names(graph, source)
         return
     calls = wrapper_calls(source, bodies | branches)
     counts: dict[str, int] = {}
@@ -600,6 +601,28 @@ def inductor_kernels(graph: CompiledGraph, gm: fx.GraphModule, provenance: dict[
                 expand(name, body_module, site_prefix + (site,), depth + 1, into)
 
     expand("", "", (), 0, graph.kernels)
+    apply_recorded_names(graph, source)
+
+
+_CPP_KERNEL_DEF = re.compile(r"^(\w+) = async_compile\.cpp_pybinding\(", re.M)
+_RECORD_FUNCTION = re.compile(r'RAIIAtenRecordFunctionHandle \w+\("([^"]+)"')
+
+
+def apply_recorded_names(graph: CompiledGraph, source: str | None) -> None:
+    """Match a CPU kernel by the name its code records, where that is not the wrapper's name for
+    it: a C++ template (flex attention, a GEMM template) records ``graph_N_kernel``."""
+    if not source:
+        return
+    starts = list(_CPP_KERNEL_DEF.finditer(source))
+    recorded: dict[str, str] = {}
+    ends = [m.start() for m in starts[1:]] + [len(source)]
+    for m, end in zip(starts, ends):
+        found = _RECORD_FUNCTION.search(source, m.end(), end)
+        if found and event_key(found.group(1)) != m.group(1):
+            recorded[m.group(1)] = event_key(found.group(1))
+    if recorded:
+        for k in (*graph.kernels, *(k for b in graph.branches.values() for k in b.kernels)):
+            k.key = recorded.get(k.key, k.key)
 
 
 # Inductor's wrapper reads a device scalar into a Python number among its kernel calls (on CUDA:
