@@ -80,6 +80,33 @@ def profile_module(model: torch.nn.Module, *args: Any, backend: str = "inductor"
     return hp.result
 
 
+def profile_steps(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...], backend: str,
+                  train: bool) -> ProfileResult:
+    """``model`` compiled inside the profiler; one warm-up step, one measured: a step calls it once
+    per input (training: on the sum of its output, backward)."""
+    torch._dynamo.reset()
+    model.train(train)
+    hp = CallHierarchyProfiler(model)
+    with hp:
+        compiled = torch.compile(model) if backend == "inductor" else torch.compile(model, backend=hp.backend(backend))
+
+        def step() -> None:
+            for x in inputs:
+                if train:
+                    model.zero_grad(set_to_none=True)
+                    compiled(x).sum().backward()
+                else:
+                    with torch.no_grad():
+                        compiled(x)
+
+        step()
+        with hp.profile() as prof:
+            step()
+            prof.step()
+    assert hp.result is not None
+    return hp.result
+
+
 def scope_at(root: Scope, *labels: str) -> Scope:
     node = root
     for label in labels:
@@ -576,30 +603,10 @@ def test_cond_branch_that_ran_is_attributed(backend: str, train: bool) -> None:
     """torch.cond: which branch runs is known only at run time.  Each iteration runs both (one
     input each way): every kernel is in its own branch's scope, none in the scope of the op
     after the cond (Inductor names the branches' node like the outer graph's)."""
-    torch._dynamo.reset()
     torch.manual_seed(0)
     model = _CondModel()
-    model.train(train)
     x = torch.randn(4, 16).abs()
-    hp = CallHierarchyProfiler(model)
-    with hp:
-        compiled = torch.compile(model) if backend == "inductor" else torch.compile(model, backend=hp.backend(backend))
-
-        def step() -> None:
-            for inputs in (x, -x):  # the positive branch, then the negative one
-                if train:
-                    model.zero_grad(set_to_none=True)
-                    compiled(inputs).sum().backward()
-                else:
-                    with torch.no_grad():
-                        compiled(inputs)
-
-        step()
-        with hp.profile() as prof:
-            step()
-            prof.step()
-    result = hp.result
-    assert result is not None
+    result = profile_steps(model, (x, -x), backend, train)  # the positive branch, then the negative one
     assert result.report.unattributed_events == 0, result.summary()
     assert result.report.share == 1.0, result.summary()
     check_tree_adds_up(result)
@@ -661,20 +668,8 @@ class _FlexAttention(torch.nn.Module):
 def test_flex_attention_template_kernel_is_attributed() -> None:
     """Inductor's CPU flex attention is a C++ template whose code records ``graph_N_kernel``: it is
     matched all the same, to its sources' scopes.  (Flex attention's backward is not supported on CPU.)"""
-    torch._dynamo.reset()
     torch.manual_seed(0)
-    model = _FlexModel().eval()
-    x = torch.randn(8, 16)
-    hp = CallHierarchyProfiler(model)
-    with hp:
-        compiled = torch.compile(model)
-        with torch.no_grad():
-            compiled(x)
-            with hp.profile() as prof:
-                compiled(x)
-                prof.step()
-    result = hp.result
-    assert result is not None
+    result = profile_module(_FlexModel().eval(), torch.randn(8, 16))
     assert result.report.unattributed_events == 0, result.summary()
     assert result.report.share == 1.0, result.summary()
     template = [e for e in result.trace["traceEvents"] if str(e.get("name", "")).endswith("_kernel")
@@ -710,29 +705,8 @@ def test_scan_and_map_bodies_are_attributed_in_aot_eager(train: bool) -> None:
     call's kernels are in the scope of the step's or the body's ops (backward ones under the op
     they differentiate, patch 0015 for the scan); the loops' own slicing and stacking, no node's,
     are the scan's or map's call's, at its scope.  (Inductor cannot compile either on CPU in 2.13.)"""
-    torch._dynamo.reset()
     torch.manual_seed(0)
-    model = _Looping()
-    model.train(train)
-    xs = torch.randn(6, 4, 16, requires_grad=train)
-    hp = CallHierarchyProfiler(model)
-    with hp:
-        compiled = torch.compile(model, backend=hp.backend("aot_eager"))
-
-        def step() -> None:
-            if train:
-                model.zero_grad(set_to_none=True)
-                compiled(xs).sum().backward()
-            else:
-                with torch.no_grad():
-                    compiled(xs)
-
-        step()
-        with hp.profile() as prof:
-            step()
-            prof.step()
-    result = hp.result
-    assert result is not None
+    result = profile_steps(_Looping(), (torch.randn(6, 4, 16, requires_grad=train),), "aot_eager", train)
     check_tree_adds_up(result)
     root = result.root
     for fn in ("_Looping.step#0", "_Looping.body#0"):
