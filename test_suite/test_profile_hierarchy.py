@@ -481,6 +481,9 @@ def test_folded_and_svg(qwen2_train: tuple[Path, str]) -> None:
 def test_qwen2_inference_attributed(backend: str) -> None:
     result = profile("qwen2", backend=backend, iters=1)
     assert result.report.share >= 0.99, result.summary()
+    # post-processing's steps, each timed (scripts/profile_cost.py reports them)
+    assert list(result.timings) == ["export", "parse", "attribution", "tree"], result.timings
+    assert all(seconds > 0.0 for seconds in result.timings.values()), result.timings
     root = result.root
     attn = scope_at(root, "model (Qwen2Model)", "layers.1 (Qwen2DecoderLayer)", "self_attn (Qwen2Attention)")
     assert scope_at(attn, "q_proj (Linear)").total_count >= 1

@@ -35,6 +35,7 @@ import gc
 import os
 import re
 import tempfile
+import time
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -72,6 +73,9 @@ class ProfileResult:
     # the trace parsed as strict JSON (see .jsonio): save() writes it with orjson; set it to False
     # after putting a NaN or an infinity into the trace (orjson would write null)
     strict_json: bool = False
+    # wall seconds of post-processing: "export" (torch.profiler's export_chrome_trace), "parse",
+    # "attribution" (events to scopes, scope slices), "tree"
+    timings: dict[str, float] = dataclasses.field(default_factory=dict)
 
     def format_tree(self, max_depth: int | None = None) -> str:
         return format_tree(self.root, timed=True, max_depth=max_depth, unit="kernel")
@@ -291,14 +295,20 @@ class CallHierarchyProfiler:
                 gc.enable()
 
     def _annotate(self, prof: torch.profiler.profile, iterations: int | None, title: str | None) -> ProfileResult:
+        start = time.perf_counter()
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / "trace.json"
             prof.export_chrome_trace(str(path))
+            exported = time.perf_counter()
             doc, strict = jsonio.load(path)
+        parsed = time.perf_counter()
+        timings = {"export": exported - start, "parse": parsed - exported}
         if iterations is None:
             iterations = _recorded_steps(doc) or 1
         eager = _dynamo_eager_frames(self._counters_before)
+        start = time.perf_counter()
         report = annotate(doc, self.capture)
+        timings["attribution"] = time.perf_counter() - start
         if not report.samples:
             graphs = _dynamo_counters()["stats"].get("unique_graphs", 0) - self._counters_before["stats"].get(
                 "unique_graphs", 0)
@@ -312,7 +322,9 @@ class CallHierarchyProfiler:
             why = f"; Dynamo: {'; '.join(eager)}" if eager else ""
             raise ProfileError("the compiled graphs ran no kernel or op in the profiled iterations "
                                f"(nothing to attribute){why}")
+        start = time.perf_counter()
         root = build_tree(report.samples, iterations, self.capture.scopes.root_label)
+        timings["tree"] = time.perf_counter() - start
         doc["callHierarchy"] = {
             "format": "args.call_hierarchy: scope labels from the model root, outermost first",
             "measured_iterations": iterations,
@@ -323,7 +335,7 @@ class CallHierarchyProfiler:
         }
         return ProfileResult(root, report, doc, iterations, self.capture.num_dynamo_graphs,
                              len(self.capture.graphs), eager, list(self.capture.graphs),
-                             title or "call hierarchy profile", strict)
+                             title or "call hierarchy profile", strict, timings)
 
 
 def _recorded_steps(doc: dict[str, Any]) -> int:
