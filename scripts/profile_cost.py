@@ -57,13 +57,6 @@ def runtime_overhead(rounds: int, iters: int, layers: int) -> tuple[float, float
     return statistics.median(times[True]), statistics.median(times[False]), statistics.median(ratios)
 
 
-def _empty_label_caches(hp: CallHierarchyProfiler) -> None:
-    """Empty the scope-label caches: an annotate as cold as the first one of a process."""
-    scopes = hp.capture.scopes
-    for cache in (scopes._memo, scopes._entries, scopes._rebased):
-        cache.clear()
-
-
 @dataclasses.dataclass
 class PostProcessing:
     """One profile: its profiled run and its post-processing (wall and process CPU seconds),
@@ -99,7 +92,7 @@ def postprocessing(iters: int, layers: int, rounds: int) -> list[PostProcessing]
                 for _ in range(iters):
                     _step(workload, compiled)
             run_s, run_cpu = time.perf_counter() - start, time.process_time() - start_cpu
-            _empty_label_caches(hp)
+            hp.capture.scopes.clear_caches()  # as cold as the first annotate of a process
             start, start_cpu = time.perf_counter(), time.process_time()
             result = hp.annotate(prof, iters)
             post_s, post_cpu = time.perf_counter() - start, time.process_time() - start_cpu

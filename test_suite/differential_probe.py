@@ -446,7 +446,6 @@ class CondModel(nn.Module):
         return torch.cond(x.sum() > 0, lambda t: t.sin(), lambda t: t.cos(), (x,))
 
 
-
 class HopBody(nn.Module):
     """A trained torch.cond, map or scan body: each HOP's backward is traced from its body (patches
     0014 and 0015 run the body node by node when the flag is on).  A while_loop's backward here
@@ -564,11 +563,11 @@ def hop_cond(rec: Recorder) -> None:
         compiled(rec, CondModel())(inputs(2, 8))
 
 
-
 def hop_training(rec: Recorder) -> None:
     for hop in ("cond", "map", "scan"):
         torch.manual_seed(0)
         train(rec, HopBody(hop))
+
 
 def hop_checkpoint(rec: Recorder) -> None:
     torch.manual_seed(0)

@@ -635,7 +635,7 @@ def test_cpu_kernel_is_matched_by_the_name_its_code_records() -> None:
         "cpp_fused_a_0 = async_compile.cpp_pybinding(['float*'], r'''",
         'RAIIAtenRecordFunctionHandle record_graph_0_cpp_fused_a_0_("graph_0_cpp_fused_a_0", nullptr);',
         "''')",
-        "cpp_fused_b_1 = async_compile.cpp_pybinding(['float*'], r'''",  # profiling off: no record",
+        "cpp_fused_b_1 = async_compile.cpp_pybinding(['float*'], r'''",  # profiling off: no record
         "''')",
         "cpp_fused_c_2 = async_compile.cpp_pybinding(['float*'], r'''",
         'RAIIAtenRecordFunctionHandle record_graph_0_kernel_("graph_0_kernel", nullptr);',
@@ -1243,8 +1243,13 @@ def test_unknown_entry_type_renders_its_label() -> None:
 
     model = models.nested().model
     scopes = RuntimeScopes(model)
-    labels = scopes.absolute(("layers.1",), (Future(), Broken()))
+    hierarchy = (Future(), Broken())
+    labels = scopes.absolute(("layers.1",), hierarchy)
     assert labels == ("Nested", "layers.1 (Block)", "region<decoder>", "broken-entry")
+    assert scopes.absolute(("layers.1",), hierarchy) is labels  # remembered
+    scopes.clear_caches()
+    again = scopes.absolute(("layers.1",), hierarchy)
+    assert again == labels and again is not labels  # computed anew
 
 
 # --------------------------------------------------------------------------- the API from a user's script

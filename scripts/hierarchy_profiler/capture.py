@@ -166,6 +166,12 @@ class RuntimeScopes:
         self._entries: dict[int, tuple[Any, bool, Any, str, str, Any]] = {}
         self._rebased: dict[tuple[str, int], str] = {}
 
+    def clear_caches(self) -> None:
+        """Forget the labels computed so far: the next :meth:`absolute` calls are as cold as the
+        first ones (to measure post-processing, ``scripts/profile_cost.py``)."""
+        for cache in (self._memo, self._entries, self._rebased):
+            cache.clear()
+
     def module_stack(self) -> tuple[str, ...] | None:
         """Paths of the model's modules whose frames are running, outermost first.
 
@@ -638,10 +644,10 @@ def add_host_reads(graph: CompiledGraph) -> None:
         graph.repeats.setdefault(key, Kernel(key, key, scope))
 
 
-def aten_graph_kernels(graph: CompiledGraph, gm: fx.GraphModule) -> list[tuple[fx.GraphModule, str, str]]:
+def aten_graph_kernels(graph: CompiledGraph, gm: fx.GraphModule) -> list[tuple[fx.GraphModule, fx.Node, str]]:
     """Fill ``graph.kernels`` with the ATen ops of an ``aot_eager`` graph, in run order.  Returns
-    the scan and map calls to put in a range each: (module, node name, name in ``graph.branches``)."""
-    loops: list[tuple[fx.GraphModule, str, str]] = []
+    the scan and map calls to put in a range each: (module, node, name in ``graph.branches``)."""
+    loops: list[tuple[fx.GraphModule, fx.Node, str]] = []
 
     def expand(module: fx.GraphModule, site_prefix: tuple[Hierarchy, ...], depth: int, into: list[Kernel],
                prefix: str) -> None:
@@ -655,7 +661,7 @@ def aten_graph_kernels(graph: CompiledGraph, gm: fx.GraphModule) -> list[tuple[f
                 graph.branches[name] = Branch(
                     Kernel(f"{RANGE_PREFIX}branch {name} ##", f"{node.name} (torch.{target.name()})",
                            _node_hierarchy(node, graph.backward) or (), sites=site_prefix), own={})
-                loops.append((module, node.name, name))
+                loops.append((module, node, name))
             if _is_invoke_subgraph(node) and depth < 8:
                 body = getattr(module, _body_name(node) or "", None)
                 if isinstance(body, fx.GraphModule):
@@ -915,8 +921,7 @@ class Capture:
                         body = aten_gm.get_submodule(name)
                         _ = body.code  # a lazy GraphModule makes its forward when its code is read
                         body.forward = _ranged(body.forward, branch.call.key)  # type: ignore[method-assign]
-                    for module, node_name, name in loops:  # the graph calls the scan or map op
-                        (node,) = [n for n in module.graph.nodes if n.name == node_name]
+                    for module, node, name in loops:  # the graph calls the scan or map op
                         node.target = _ranged(node.target, graph.branches[name].call.key)
                         module.recompile()
                     label = graph.label
