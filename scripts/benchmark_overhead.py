@@ -10,7 +10,8 @@ Usage (from a fresh clone, any Python 3.11; it builds its own environments under
 Variants (``--variants``; default ``fixes,disabled,enabled``; ``unpatched,fixes,disabled,enabled`` adds the
 fixes' own effect for about 5 more minutes):
 
-* ``unpatched``      torch==2.13.0 as the wheel installed it (build/bench/venv-wheel)
+* ``unpatched``      the pinned torch (``torch_version`` of ``patches/base.json``) as the wheel installed it
+                     (build/bench/venv-wheel)
 * ``fixes``          the flag-free upstream fixes only: the leading patches of ``patches/.patches`` whose
                      diff does not contain ``call_hierarchy`` (build/bench/venv-fixes, made with
                      ``python3 -m scripts.series setup --through <last fix>``); the baseline of "flag off"
@@ -645,6 +646,11 @@ def worker_main(job_json: str) -> int:
 # =========================================================================== environments
 
 
+def base_torch_version() -> str:
+    """The torch release the series is based on: `torch_version` of patches/base.json."""
+    return json.loads((ROOT / "patches" / "base.json").read_text())["torch_version"]
+
+
 def run(cmd: list[str], **kw: Any) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, check=True, **kw)
 
@@ -1038,10 +1044,10 @@ def render_from_csv(out_dir: Path) -> list[str]:
         "",
         "## Method",
         "",
-        "- Builds: `venv-fixes` = torch 2.13.0 with the leading patches of `patches/.patches` whose diff does not "
-        "contain `call_hierarchy` (`python3 -m scripts.series setup --through <last fix>`); `venv-whole` = the "
-        "whole series; `venv-wheel` = the wheel's files. Equal folder-name lengths: Dynamo reads torch's file "
-        "paths, and a tree laid out at another depth changes counts by ~0.1%.",
+        f"- Builds: `venv-fixes` = torch {base_torch_version()} with the leading patches of `patches/.patches` "
+        "whose diff does not contain `call_hierarchy` (`python3 -m scripts.series setup --through <last fix>`); "
+        "`venv-whole` = the whole series; `venv-wheel` = the wheel's files. Equal folder-name lengths: Dynamo "
+        "reads torch's file paths, and a tree laid out at another depth changes counts by ~0.1%.",
         "- Instructions: `valgrind --tool=callgrind --collect-atstart=no`, `PYTHONHASHSEED=0`, one measured "
         "compile per process. One valgrind process per build and flag imports torch (and transformers), "
         "compiles two tiny different functions (inference and training: lazy imports), then per workload forks "

@@ -19,6 +19,7 @@ from scripts import benchmark_overhead as B
 from scripts import series as S
 
 ROOT = Path(__file__).resolve().parent.parent
+BASE_TORCH = S.Layout(ROOT).base()["torch_version"]  # the pinned torch of patches/base.json
 
 
 # --------------------------------------------------------------------------- goal checks, no torch
@@ -80,6 +81,18 @@ def test_derive_compares_with_the_right_baseline() -> None:
     assert by["disabled"]["baseline"] == "fixes" and by["disabled"]["instr_vs_baseline_pct"] == "0.0100"
     assert by["enabled"]["baseline"] == "disabled" and by["enabled"]["instr_vs_baseline_pct"] == "0.1000"
     assert by["unpatched"]["instr_vs_baseline_pct"] == ""
+
+
+def test_report_names_the_base_torch(tmp_path: Path) -> None:
+    """overhead.md names the torch of its builds from patches/base.json (no torch needed to render it)."""
+    meta = {"date": "d", "machine": "m", "torch": BASE_TORCH, "commit": "c", "series_hash": "0" * 64,
+            "patches": "3", "fixes": "0001-a.patch", "mode": "quick", "valgrind": "v"}
+    B.write_csv(tmp_path, [dict(row, **meta) for row in rows_for(off_pct=0.01, on_pct=0.1, mem_on=100_000)])
+    B.render_from_csv(tmp_path)
+    text = (tmp_path / "overhead.md").read_text()
+    assert B.base_torch_version() == BASE_TORCH
+    assert f"- Builds: `venv-fixes` = torch {BASE_TORCH} with the leading patches" in text
+    assert f"- torch: {BASE_TORCH};" in text
 
 
 def test_fix_prefix_stops_at_the_first_patch_whose_diff_mentions_call_hierarchy(tmp_path: Path) -> None:
@@ -149,7 +162,7 @@ def test_csv_structure(quick_run: Path) -> None:
     for row in rows:
         assert int(row["nodes"]) > 0
         assert row["mode"] == "quick" and row["instructions"] == ""
-        assert row["torch"].startswith("2.13.0")
+        assert row["torch"].startswith(BASE_TORCH)
         assert len(row["series_hash"]) == 64
         assert row["commit"] != ""
         assert row["fixes"] == fixes
@@ -172,7 +185,7 @@ def test_every_variant_compiles_the_same_graphs(quick_run: Path) -> None:
 
 def test_markdown_structure(quick_run: Path) -> None:
     text = (quick_run / "overhead.md").read_text()
-    for needle in ("# RFC-0051 call_hierarchy: compile-time overhead", "- machine:", "- torch: 2.13.0",
+    for needle in ("# RFC-0051 call_hierarchy: compile-time overhead", "- machine:", f"- torch: {BASE_TORCH}",
                    "series hash:", "- fixes-only baseline:", "## Summary", "## Per workload", "## Method",
                    "Flag off vs fixes only (goal < 0.05%): no instruction counts in this run",
                    "Flag on vs off (goal <= 0.25%): no instruction counts in this run",

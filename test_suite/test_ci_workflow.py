@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -54,6 +56,17 @@ def test_workflow_jobs_use_the_same_scripts() -> None:
     assert 'json.load(open("workbench/patches/base.json"))["commit"]' in runs
 
 
+def test_upstream_tests_matrix_starts_at_311() -> None:
+    """The upstream-tests job: Python 3.11 to 3.13 (the pinned torch supports no older Python), each venv made
+    by `setup --python 3.X` and its upstream tests run file by file and under pytest."""
+    job = yaml.safe_load(WORKFLOW.read_text())["jobs"]["upstream-tests"]
+    assert job["strategy"]["matrix"]["python"] == ["3.11", "3.12", "3.13"]
+    runs = [s.get("run", "") for s in job["steps"]]
+    assert runs[-3:] == ['python3 -m scripts.series setup --python "${{ matrix.python }}"',
+                         'python3 -m scripts.series upstream-tests --python "${{ matrix.python }}"',
+                         'python3 -m scripts.series upstream-tests --python "${{ matrix.python }}" --pytest']
+
+
 def test_ci_run_calls_the_readme_command_only() -> None:
     lines = [ln for ln in (S.REPO_ROOT / ".ci" / "run").read_text().splitlines() if ln and not ln.startswith("#")]
     assert lines == ["exec bash ci/run_tests.sh"]
@@ -62,28 +75,51 @@ def test_ci_run_calls_the_readme_command_only() -> None:
 
 
 def test_run_tests_fails_when_a_part_fails(tmp_path: Path) -> None:
-    """ci/run_tests.sh must propagate a failure of any part: pytest, the upstream tests (on 3.11
-    or on 3.10, or the 3.10 setup), the lint or the docs check."""
+    """ci/run_tests.sh must propagate a failure of any part: setup, pytest, the upstream tests (file by
+    file or under pytest), the lint or the docs check; it runs everything on Python 3.11 only (.venv: no
+    `--python`, so no 3.10 leg)."""
     fake = tmp_path / "repo"
     (fake / "ci").mkdir(parents=True)
     (fake / "scripts").mkdir()
     shutil.copy(S.REPO_ROOT / "ci" / "run_tests.sh", fake / "ci" / "run_tests.sh")
     (fake / ".venv" / "bin").mkdir(parents=True)
-    cases = [  # pytest, upstream-tests (3.11), setup --python 3.10, upstream-tests --python 3.10, lint, docs
-        ((0, 0, 0, 0, 0, 0), 0), ((1, 0, 0, 0, 0, 0), 1), ((0, 1, 0, 0, 0, 0), 1), ((0, 0, 1, 0, 0, 0), 1),
-        ((0, 0, 0, 1, 0, 0), 1), ((0, 0, 0, 0, 1, 0), 1), ((0, 0, 0, 0, 0, 1), 1),
-    ]
-    for (rc_pytest, rc_up, rc_setup310, rc_up310, rc_lint, rc_docs), expected in cases:
-        (fake / ".venv" / "bin" / "python").write_text(f"#!/bin/sh\nexit {rc_pytest}\n")
+    log = tmp_path / "series-calls"
+    names = ("setup", "pytest", "upstream-tests", "upstream-tests --pytest", "lint", "docs")
+    cases = [((0, 0, 0, 0, 0, 0), 0)] + [(tuple(int(i == j) for j in range(len(names))), 1) for i in range(len(names))]
+    for rcs, expected in cases:
+        rc = dict(zip(names, rcs))
+        (fake / ".venv" / "bin" / "python").write_text(f"#!/bin/sh\nexit {rc['pytest']}\n")
         (fake / ".venv" / "bin" / "python").chmod(0o755)
         (fake / "scripts" / "__init__.py").write_text("")
         (fake / "scripts" / "series.py").write_text(
-            "import sys\n"
-            "py310 = sys.argv[2:4] == ['--python', '3.10']\n"
-            f"rc = {{'setup': {rc_setup310} if py310 else 0, 'upstream-tests': {rc_up310} if py310 else {rc_up}}}\n"
-            "sys.exit(rc[sys.argv[1]])\n")
-        (fake / "scripts" / "lint.py").write_text(f"import sys\nsys.exit({rc_lint})\n")
-        (fake / "scripts" / "docs_check.py").write_text(f"import sys\nsys.exit({rc_docs})\n")
+            "import json, sys\n"
+            f"with open({str(log)!r}, 'a') as fh:\n"
+            "    fh.write(json.dumps(sys.argv[1:]) + '\\n')\n"
+            f"rc = {json.dumps(rc)}\n"
+            "sys.exit(rc[' '.join(sys.argv[1:])])\n")
+        (fake / "scripts" / "lint.py").write_text(f"import sys\nsys.exit({rc['lint']})\n")
+        (fake / "scripts" / "docs_check.py").write_text(f"import sys\nsys.exit({rc['docs']})\n")
+        log.unlink(missing_ok=True)
         proc = subprocess.run(["bash", "ci/run_tests.sh"], cwd=fake, capture_output=True,
                               env=dict(os.environ, PYTHONPATH=""))
-        assert proc.returncode == expected, (rc_pytest, rc_up, rc_setup310, rc_up310, rc_lint, rc_docs, proc.stderr)
+        assert proc.returncode == expected, (rc, proc.stderr)
+        calls = [json.loads(line) for line in log.read_text().splitlines()]
+        # a failed setup stops the run; otherwise every part runs, on .venv's Python 3.11 only
+        assert calls == ([["setup"]] if rc["setup"] else
+                         [["setup"], ["upstream-tests"], ["upstream-tests", "--pytest"]]), (rc, calls)
+
+
+def test_python_310_is_gone_from_ci() -> None:
+    """torch 2.15 needs Python 3.11 or newer: neither ci/run_tests.sh nor the workflow runs 3.10."""
+    for path in (S.REPO_ROOT / "ci" / "run_tests.sh", WORKFLOW):
+        text = path.read_text()
+        assert "3.10" not in text, path
+
+
+def test_ci_texts_name_the_base_torch() -> None:
+    """Every torch version that ci/ names is the one patches/base.json pins."""
+    base = S.Layout(S.REPO_ROOT).base()["torch_version"]
+    for path in (S.REPO_ROOT / "ci" / "run_tests.sh", WORKFLOW):
+        named = re.findall(r"torch(?:==| )(\d+\.\d+(?:\.\d+)?)", path.read_text())
+        assert all(base == v or base.startswith(v + ".") for v in named), (path, named, base)
+    assert f"torch=={base}" in WORKFLOW.read_text()

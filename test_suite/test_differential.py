@@ -1,10 +1,10 @@
 """Differential test: the call_hierarchy patches never change what torch.compile compiles (issue 12).
 
-Three builds of torch 2.13.0 compile the same corpus (``test_suite/differential_probe.py``: tiny
-Qwen2 inference and training, graph breaks default and nested with a polymorphic call site, a
-custom ``autograd.Function`` and in-place ops trained through AOTAutograd, ``torch.cond`` and
-activation checkpointing, trained ``cond``, ``map`` and ``scan`` bodies, strict export), each in its
-own process:
+Three builds of the pinned torch (``patches/base.json``) compile the same corpus
+(``test_suite/differential_probe.py``: tiny Qwen2 inference and training, graph breaks default and
+nested with a polymorphic call site, a custom ``autograd.Function`` and in-place ops trained through
+AOTAutograd, ``torch.cond`` and activation checkpointing, trained ``cond``, ``map`` and ``scan``
+bodies, strict export), each in its own process:
 
 * (a) ``fixes``: the flag-free fixes only, the longest prefix of ``patches/.patches`` whose patches do
   not mention ``call_hierarchy`` in their diffs, installed into ``build/venv-fixes`` by

@@ -434,7 +434,7 @@ def test_real_series_applies_to_pinned_wheel_sources() -> None:
     layout = S.Layout(S.REPO_ROOT)
     series = S.load_series(layout.patches)
     base = layout.base()
-    assert base["torch_version"] == "2.13.0" and base["commit"] == "cf30153c4c131c8164ee7798e5022d810682e2cb"
+    assert base["torch_version"] == "2.15.0" and base["commit"] == "d0f2af8b66b20da4baa50644c0cd3f887a2eae2e"
     if not series:
         return
     try:
@@ -549,8 +549,8 @@ def fake_pyenv(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, versions: list[s
 
 
 def test_find_python_uses_pyenv_and_names_what_is_missing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    root = fake_pyenv(tmp_path, monkeypatch, ["3.10.2", "3.10.13", "3.12.1", "3.100.0"])
-    assert S.find_python("3.10") == str(root / "versions/3.10.13/bin/python")  # newest patch release
+    root = fake_pyenv(tmp_path, monkeypatch, ["3.13.2", "3.13.10", "3.12.1", "3.130.0"])
+    assert S.find_python("3.13") == str(root / "versions/3.13.10/bin/python")  # newest patch release
     assert S.find_python("3.12") == str(root / "versions/3.12.1/bin/python")
     assert S.find_python(f"3.{sys.version_info[1]}") == sys.executable
     with pytest.raises(S.SeriesError, match=r"Python 3\.9 is not available.*versions/3\.9\.\*/bin/python.*pyenv install 3\.9"):
@@ -562,9 +562,22 @@ def test_find_python_uses_pyenv_and_names_what_is_missing(tmp_path: Path, monkey
 def test_setup_for_a_missing_python_creates_nothing(series_layout: S.Layout, tmp_path: Path,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     fake_pyenv(tmp_path, monkeypatch, ["3.12.1"])
-    with pytest.raises(S.SeriesError, match=r"Python 3\.9 is not available"):
-        S.setup(series_layout, python="3.9")
-    assert not (series_layout.root / ".venv-py3.9").exists()
+    with pytest.raises(S.SeriesError, match=r"Python 3\.99 is not available"):
+        S.setup(series_layout, python="3.99")
+    assert not (series_layout.root / ".venv-py3.99").exists()
+
+
+def test_setup_refuses_a_python_older_than_the_base_supports(series_layout: S.Layout, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pinned torch (2.15) needs Python 3.11 or newer: --python 3.10 is refused before anything is
+    created, even where a 3.10 interpreter is at hand."""
+    fake_pyenv(tmp_path, monkeypatch, ["3.10.13"])
+    for old in ("3.10", "3.9"):
+        with pytest.raises(S.SeriesError, match=rf"--python {re.escape(old)}: torch 2\.13\.0 "
+                                                r"\(patches/base\.json\) needs Python 3\.11 or newer"):
+            S.setup(series_layout, python=old)
+        assert not (series_layout.root / f".venv-py{old}").exists()
+    assert S.OLDEST_PYTHON == (3, 11)
 
 
 FAKE_PIP = """
@@ -572,6 +585,8 @@ import json, os, sys
 args = sys.argv[1:]
 with open(os.environ["PIP_LOG"], "a") as log:
     log.write(json.dumps(args) + "\\n")
+with open(os.environ["PIP_LOG"] + ".env", "a") as log:  # what pip would read as its constraints file
+    log.write(json.dumps(os.environ.get("PIP_CONSTRAINT")) + "\\n")
 if "--report" in args:
     install = [{"metadata": {"name": n, "version": v}} for n, v in (("torch", "2.13.0"), ("nvidia-cublas", "13.1"))]
     with open(args[args.index("--report") + 1], "w") as fh:
@@ -582,9 +597,11 @@ sys.exit(1 if os.environ.get("PIP_FAIL", "-") in args else 0)
 
 def test_other_python_installs_one_wheel_at_a_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """pip resolves once (--dry-run --report), installs each resolved distribution alone, then checks the set:
-    a single install would keep every CUDA wheel (2.8 GB) on disk beside what it installs."""
+    a single install would keep every CUDA wheel (GBs) on disk beside what it installs; every call runs with
+    PIP_CONSTRAINT=/dev/null."""
     (fake := tmp_path / "pip.py").write_text(FAKE_PIP)
     monkeypatch.setenv("PIP_LOG", str(log := tmp_path / "log"))
+    monkeypatch.setenv("PIP_CONSTRAINT", "/etc/xdg/pip/constraints.txt")  # as a configured cap would have it
     pip = [sys.executable, str(fake), "-q"]
     assert S.pip_install_one_at_a_time(pip, ["torch==2.13.0", "pytest==9.2.0"], "c.txt").returncode == 0
     calls = [json.loads(line) for line in log.read_text().splitlines()]
@@ -592,6 +609,8 @@ def test_other_python_installs_one_wheel_at_a_time(tmp_path: Path, monkeypatch: 
     assert calls[1:] == [["-q", "--no-deps", "torch==2.13.0", "-c", "c.txt"],
                          ["-q", "--no-deps", "nvidia-cublas==13.1", "-c", "c.txt"],
                          ["-q", "torch==2.13.0", "pytest==9.2.0", "-c", "c.txt"]]
+    # every call past any constraints file of the machine's pip configuration (the pin is the -c file)
+    assert [json.loads(line) for line in Path(f"{log}.env").read_text().splitlines()] == ["/dev/null"] * 4
     log.unlink()
     monkeypatch.setenv("PIP_FAIL", "torch==2.13.0")  # the first wheel fails: nothing after it is tried
     assert S.pip_install_one_at_a_time(pip, ["torch==2.13.0"], "c.txt").returncode == 1
@@ -600,24 +619,121 @@ def test_other_python_installs_one_wheel_at_a_time(tmp_path: Path, monkeypatch: 
 
 def test_other_python_venv_is_refused_on_a_full_disk(series_layout: S.Layout, tmp_path: Path,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    fake_pyenv(tmp_path, monkeypatch, ["3.10.13"])
+    fake_pyenv(tmp_path, monkeypatch, ["3.12.1"])
     free = S.CUDA_VENV_FREE_BYTES - 1
     monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10 * free, 9 * free, free))
-    with pytest.raises(S.SeriesError, match=r"creating .*\.venv-py3\.10 needs about 5\.5 GB of free disk .*5\.5 GB "
-                                            r"is free on .*; free some and rerun"):
-        S.setup(series_layout, python="3.10")
-    assert not (series_layout.root / ".venv-py3.10").exists()
+    with pytest.raises(S.SeriesError, match=r"creating .*\.venv-py3\.12 needs about 7\.0 GB of free disk .*CUDA "
+                                            r"build.*only 7\.0 GB is free on .*; free some and rerun"):
+        S.setup(series_layout, python="3.12")
+    assert not (series_layout.root / ".venv-py3.12").exists()
+
+
+def test_repo_venv_is_refused_on_a_full_disk(series_layout: S.Layout, tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """.venv (Python 3.11) gets the registry's CUDA build of torch too (about 5.4 GB): creating it is refused
+    with less than CUDA_VENV_FREE_BYTES free, before anything is created or downloaded."""
+    fake_pyenv(tmp_path, monkeypatch, ["3.11.9"])
+    assert S.CUDA_VENV_FREE_BYTES >= 7_000_000_000
+    free = S.CUDA_VENV_FREE_BYTES - 1
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10 * free, 9 * free, free))
+    with pytest.raises(S.SeriesError, match=r"creating .*/\.venv needs about 7\.0 GB of free disk \(the pinned torch "
+                                            r"is the registry's CUDA build, about 5\.4 GB installed.*\), but only "
+                                            r"7\.0 GB is free on .*; free some and rerun"):
+        S.setup(series_layout)
+    assert not series_layout.venv.exists()
+
+
+def test_only_venvs_that_pip_fills_need_the_free_disk(series_layout: S.Layout, tmp_path: Path) -> None:
+    """.venv and another Python's venv are filled by pip (GBs); a further 3.11 venv is not when .venv holds
+    exactly its requirements, as seed_from then makes it of hard links (megabytes: CI's disk is small)."""
+    root = series_layout.root
+    (root / "requirements.txt").write_text("torch==2.13.0\nexpecttest==0.3.0\nnumpy==2.4.6\npytest==9.2.0\n")
+    extra = tmp_path / "venv-whole"
+    assert S.pip_fills(series_layout, series_layout.venv, "3.11")
+    assert S.pip_fills(series_layout, root / ".venv-py3.12", "3.12")
+    assert S.pip_fills(series_layout, extra, "3.11")  # no .venv to seed from
+    series_layout.venv.mkdir()
+    stamp = series_layout.venv / ".workbench-requirements"
+    stamp.write_text("an older requirements.txt\n")
+    assert S.pip_fills(series_layout, extra, "3.11")
+    stamp.write_text(S.venv_requirements(series_layout, "3.11")[2] + "\n")
+    assert not S.pip_fills(series_layout, extra, "3.11")
+    assert S.pip_fills(series_layout, series_layout.venv, "3.11") and S.pip_fills(series_layout, extra, "3.12")
+
+
+FAKE_VENV_PYTHON = """
+import os, runpy, sys
+if sys.argv[1:2] == ["-c"]:  # setup's probe of the venv's Python version
+    print("3.11")
+    sys.exit(0)
+assert sys.argv[1:3] == ["-m", "pip"], sys.argv
+sys.argv = [os.environ["FAKE_PIP"], *sys.argv[3:]]
+runpy.run_path(os.environ["FAKE_PIP"], run_name="__main__")
+"""
+
+
+def test_repo_venv_pip_calls_lift_a_configured_constraint(series_layout: S.Layout, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """setup's pip for .venv: one wheel at a time (the CUDA build), no cache, the pin as -c, and every call with
+    PIP_CONSTRAINT=/dev/null, so a constraints file in the machine's pip configuration (torch<=2.14.1 on one
+    machine) cannot refuse the pinned torch."""
+    root = series_layout.root
+    (root / "requirements.txt").write_text("torch==2.13.0\npytest==9.2.0\n")
+    (root / "requirements-nodeps.txt").write_text("hta==0.2\n")
+    (fake_pip := tmp_path / "pip.py").write_text(FAKE_PIP)
+    (series_layout.venv / "bin").mkdir(parents=True)
+    (series_layout.venv / "lib" / "python3.11" / "site-packages").mkdir(parents=True)
+    py = series_layout.venv / "bin" / "python"
+    py.write_text(f"#!/bin/sh\nexec {sys.executable} {tmp_path / 'py.py'} \"$@\"\n")
+    py.chmod(0o755)
+    (tmp_path / "py.py").write_text(FAKE_VENV_PYTHON)
+    monkeypatch.setenv("FAKE_PIP", str(fake_pip))
+    monkeypatch.setenv("PIP_LOG", str(log := tmp_path / "log"))
+    monkeypatch.setenv("PIP_CONSTRAINT", "/etc/xdg/pip/constraints.txt")
+    envs = importlib.import_module("scripts.series.envs")
+    monkeypatch.setattr(envs, "install_actionlint", lambda folder: None)
+    monkeypatch.setattr(envs, "install", lambda *args, **kwargs: "installed")
+    assert S.setup(series_layout) == "installed"
+    calls = [json.loads(line) for line in log.read_text().splitlines()]
+    req, nodeps = str(root / "requirements.txt"), str(root / "requirements-nodeps.txt")
+    head = ["install", "-q", "--disable-pip-version-check", "--no-cache-dir"]
+    assert [c[:4] for c in calls] == [head] * 5
+    assert calls[0][4:7] == ["--dry-run", "--report", calls[0][6]] and calls[0][7:10] == ["-r", req, "-c"]
+    assert [c[4:-1] for c in calls[1:]] == [["--no-deps", "torch==2.13.0", "-c"],
+                                            ["--no-deps", "nvidia-cublas==13.1", "-c"],
+                                            ["-r", req, "-c"], ["--no-deps", "-r", nodeps, "-c"]]
+    assert len({c[-1] for c in calls}) == 1  # one constraints file for all: the pin
+    assert [json.loads(line) for line in Path(f"{log}.env").read_text().splitlines()] == ["/dev/null"] * 5
+    assert (series_layout.venv / ".workbench-requirements").exists()
+
+
+def test_find_wheel_downloads_past_a_configured_constraint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """find_wheel's `pip download` runs with PIP_CONSTRAINT=/dev/null too."""
+    seen: list[dict[str, str]] = []
+
+    def fake_run(cmd: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
+        assert cmd[1:4] == ["-m", "pip", "download"] and "torch==2.15.0" in cmd
+        seen.append(kwargs["env"])  # type: ignore[arg-type]
+        dest = Path(cmd[cmd.index("-d") + 1])
+        (dest / "torch-2.15.0-cp311-cp311-manylinux_2_28_x86_64.whl").write_bytes(b"")
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setenv("PIP_CONSTRAINT", "/etc/xdg/pip/constraints.txt")
+    monkeypatch.setattr(importlib.import_module("scripts.series.git").subprocess, "run", fake_run)
+    assert S.find_wheel("2.15.0", tmp_path / "wheels").name.startswith("torch-2.15.0-")
+    assert [env["PIP_CONSTRAINT"] for env in seen] == ["/dev/null"]
+    assert S.find_wheel("2.15.0", tmp_path / "wheels") and len(seen) == 1  # cached: no second download
 
 
 def test_matrix_venvs_and_pins(series_layout: S.Layout, tmp_path: Path) -> None:
     root = series_layout.root
     assert S.matrix_venv(series_layout, None) == S.matrix_venv(series_layout, "3.11") == root / ".venv"
-    assert S.matrix_venv(series_layout, "3.10") == root / ".venv-py3.10"
-    with pytest.raises(S.SeriesError, match=r"no venv for Python 3\.10 .*setup --python 3\.10"):
-        S.upstream_python(series_layout, "3.10")
-    (root / ".venv-py3.10" / "bin").mkdir(parents=True)
-    (root / ".venv-py3.10" / "bin" / "python").write_text("")
-    assert S.upstream_python(series_layout, "3.10") == root / ".venv-py3.10" / "bin" / "python"
+    assert S.matrix_venv(series_layout, "3.12") == root / ".venv-py3.12"
+    with pytest.raises(S.SeriesError, match=r"no venv for Python 3\.12 .*setup --python 3\.12"):
+        S.upstream_python(series_layout, "3.12")
+    (root / ".venv-py3.12" / "bin").mkdir(parents=True)
+    (root / ".venv-py3.12" / "bin" / "python").write_text("")
+    assert S.upstream_python(series_layout, "3.12") == root / ".venv-py3.12" / "bin" / "python"
     assert S.upstream_python(series_layout, "/opt/py/bin/python") == Path("/opt/py/bin/python")  # a path, as before
     req = tmp_path / "requirements.txt"
     req.write_text("# pins\ntorch==2.13.0\npytest==9.2.0\nexpecttest==0.3.0  # why\n"
@@ -625,7 +741,9 @@ def test_matrix_venvs_and_pins(series_layout: S.Layout, tmp_path: Path) -> None:
     assert S.pinned_requirements(req, S.UPSTREAM_TEST_REQUIREMENTS) == [
         "torch==2.13.0", "expecttest==0.3.0", 'numpy==2.4.6; python_version >= "3.11"',
         'numpy==2.2.6; python_version < "3.11"', "pytest==9.2.0"]
-    assert S.pinned_requirements(S.REPO_ROOT / "requirements.txt", S.UPSTREAM_TEST_REQUIREMENTS)[0] == "torch==2.13.0"
+    real = S.pinned_requirements(S.REPO_ROOT / "requirements.txt", S.UPSTREAM_TEST_REQUIREMENTS)
+    assert real[0] == f"torch=={S.Layout(S.REPO_ROOT).base()['torch_version']}"
+    assert not any("python_version" in line for line in real)  # one pin each: no Python older than 3.11
     req.write_text("torch==2.13.0\n")
     with pytest.raises(S.SeriesError, match="pins no exact version of expecttest, numpy, pytest"):
         S.pinned_requirements(req, S.UPSTREAM_TEST_REQUIREMENTS)

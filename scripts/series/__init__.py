@@ -21,13 +21,14 @@ all or nothing), radar, upstream (upstream tests), envs (setup, Python matrix), 
 
 from .apply import am_failure_report, applied_prefix, apply_to_checkout, check_target, failed_paths, run_am
 from .envs import (
-    CUDA_VENV_FREE_BYTES, DEFAULT_PYTHON, UPSTREAM_TEST_REQUIREMENTS, check_free_disk, find_python,
-    install_actionlint, matrix_venv, pinned_requirements, pip_install_one_at_a_time, python311, seed_from, setup,
-    upstream_python,
+    CUDA_VENV_FREE_BYTES, DEFAULT_PYTHON, OLDEST_PYTHON, UPSTREAM_TEST_REQUIREMENTS, check_free_disk, find_python,
+    install_actionlint, matrix_venv, pinned_requirements, pip_fills, pip_install_one_at_a_time, python311, seed_from,
+    setup, upstream_python, venv_requirements,
 )
 from .git import (
     BOT, FIXED_DATE, REPO_ROOT, Layout, SeriesConflict, SeriesError, blob_id, commit_all, extract_wheel_sources,
-    find_wheel, git, git_dir, init_repo, isolated_env, operation_in_progress, sha256_file, sha256_or_none, user_env,
+    find_wheel, git, git_dir, init_repo, isolated_env, operation_in_progress, pip_env, sha256_file, sha256_or_none,
+    user_env,
 )
 from .install import (
     BACKUP_DIR, JOURNAL_DIR, STAMP_DIR, InstallState, classify, install, install_state, installed_torch, read_journal,

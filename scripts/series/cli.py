@@ -25,7 +25,8 @@ def parser() -> argparse.ArgumentParser:
     st.add_argument("--venv", type=Path, default=None,
                     help="create this venv (default: .venv, or .venv-py3.X for --python 3.X)")
     st.add_argument("--python", metavar="3.X", default=None,
-                    help="Python version of the venv (default 3.11); other versions get torch, expecttest, numpy")
+                    help="Python version of the venv (default 3.11; 3.11 or newer, e.g. 3.12); other versions get "
+                    "torch, expecttest, numpy and pytest")
     st.add_argument("--through", metavar="PATCH", default=None,
                     help="install only the series up to and including PATCH (file name or 4-digit number)")
     w = sub.add_parser("workspace", help="build build/workspace at the base with one commit per patch")
@@ -56,8 +57,8 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--version")
     r.add_argument("--base-wheel", type=Path, help="default: the pinned torch wheel")
     u = sub.add_parser("upstream-tests", help="run the upstream test files the series adds or changes")
-    u.add_argument("--python", default=None, help="a Python version (3.10: .venv-py3.10, made by `setup --python "
-                   "3.10`) or an interpreter path; default: .venv/bin/python")
+    u.add_argument("--python", default=None, help="a Python version (3.12: .venv-py3.12, made by `setup --python "
+                   "3.12`) or an interpreter path; default: .venv/bin/python")
     u.add_argument("--tests-from", type=Path, default=None, help="a tree with the series applied (default: "
                    "extract the test files from the patches)")
     u.add_argument("--list", action="store_true", help="only print the selected test files")

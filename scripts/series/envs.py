@@ -13,25 +13,30 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .git import Layout, SeriesError, find_wheel
+from .git import Layout, SeriesError, find_wheel, pip_env
 from .install import JOURNAL_DIR, install, site_packages
 from .patches import load_series, prefix_length
 
 
 DEFAULT_PYTHON = "3.11"  # .venv: the workbench's own Python, with every pinned requirement
+# The oldest Python the pinned torch (patches/base.json: 2.15.0) supports; its wheels require >= 3.11, so
+# `setup --python 3.10` is refused before anything is created. Move it with the base if the base moves it.
+OLDEST_PYTHON = (3, 11)
 # all that the series' upstream tests need: torch's test utilities import numpy; pytest runs them as CI does
 UPSTREAM_TEST_REQUIREMENTS = ("torch", "expecttest", "numpy", "pytest")
 VERSION_RE = re.compile(r"3\.\d+")
-# What a venv for another Python needs free before it is created: torch 2.13.0 there is the registry's
-# CUDA build, 4.7 GB installed (nvidia-* wheels included) from 2.8 GB of wheels, the largest 0.53 GB;
-# installed one wheel at a time (pip_install_one_at_a_time), plus room for pip's unpacking and the .pyc files.
-CUDA_VENV_FREE_BYTES = 5_500_000_000
+# What a venv needs free before it is created (.venv and the other Pythons' venvs alike): the pinned torch
+# (2.15.0) is the registry's CUDA build for every Python, about 5.4 GB installed (nvidia-* and cuda-* wheels
+# included; the torch wheel alone is 0.54 GB), installed one wheel at a time (pip_install_one_at_a_time), plus
+# room for pip's unpacking of the wheel at hand, the .pyc files and, for .venv, the rest of requirements.txt.
+# A further 3.11 venv seeded from .venv (seed_from: hard links) costs megabytes and is not checked.
+CUDA_VENV_FREE_BYTES = 7_000_000_000
 
 
 def find_python(version: str) -> str:
-    """An interpreter for Python `version` (e.g. "3.10"): this one, pyenv's, or python3.X on PATH."""
+    """An interpreter for Python `version` (e.g. "3.12"): this one, pyenv's, or python3.X on PATH."""
     if not VERSION_RE.fullmatch(version):
-        raise SeriesError(f"--python {version}: give a Python version such as 3.10, 3.11, 3.12 or 3.13")
+        raise SeriesError(f"--python {version}: give a Python version such as 3.11, 3.12 or 3.13")
     if sys.version_info[:2] == tuple(int(x) for x in version.split(".")):
         return sys.executable
     tried = []
@@ -79,19 +84,26 @@ def pinned_requirements(req: Path, names: tuple[str, ...]) -> list[str]:
 def setup(layout: Layout, venv: Path | None = None, through: str | None = None, python: str | None = None) -> str:
     """Create the venv if needed and install the series (or its prefix ending with `through`) into it.
 
-    Python 3.11 (default): .venv with every pinned requirement. Another Python (`python="3.10"`):
-    .venv-py3.10 with only what the upstream tests need (torch, expecttest, numpy and pytest, pinned as in
-    requirements.txt); torch==2.13.0 for those versions is the registry's CUDA build, which runs on CPU.
+    Python 3.11 (default): .venv with every pinned requirement. Another Python (`python="3.12"`):
+    .venv-py3.12 with only what the upstream tests need (torch, expecttest, numpy and pytest, pinned as in
+    requirements.txt). The pinned torch (patches/base.json) from the registry is its CUDA build, which runs
+    on CPU: several GB, so a venv that pip fills is only created with CUDA_VENV_FREE_BYTES free, its wheels
+    are installed one at a time and kept out of pip's cache. Every pip call runs with PIP_CONSTRAINT=/dev/null
+    (`pip_env`: a constraints file in the machine's pip configuration cannot refuse the pinned torch); the
+    pin itself is passed with `-c`.
     """
     pinned = layout.base()["torch_version"]
     series = load_series(layout.patches)
     prefix_length(series, through)  # a bad --through fails before anything is created
     version = python or DEFAULT_PYTHON
+    if VERSION_RE.fullmatch(version) and tuple(int(x) for x in version.split(".")) < OLDEST_PYTHON:
+        raise SeriesError(f"--python {version}: torch {pinned} (patches/base.json) needs Python "
+                          f"{'.'.join(map(str, OLDEST_PYTHON))} or newer; use 3.11, 3.12 or 3.13")
     interpreter = find_python(version)  # a missing Python fails before anything is created
     venv = venv or matrix_venv(layout, version)
     py = venv / "bin" / "python"
     if not py.exists():
-        if version != DEFAULT_PYTHON:
+        if pip_fills(layout, venv, version):
             check_free_disk(venv, CUDA_VENV_FREE_BYTES)
         print(f"creating {venv} with Python {version} ({interpreter}) ...", flush=True)
         proc = subprocess.run([interpreter, "-m", "venv", str(venv)])
@@ -102,35 +114,20 @@ def setup(layout: Layout, venv: Path | None = None, through: str | None = None, 
     if probe.stdout.strip() != version:
         raise SeriesError(f"{venv} is a Python {probe.stdout.strip() or '?'} venv, not {version}; delete it or "
                           "pass another --venv")
-    req = layout.root / "requirements.txt"
     stamp = venv / ".workbench-requirements"
-    # Pinned packages whose declared dependencies are not needed: installed with --no-deps after
-    # requirements.txt (HolisticTraceAnalysis declares jupyterlab; loading a trace needs none of it).
-    nodeps = layout.root / "requirements-nodeps.txt"
-    nodeps_args: list[str] = []
-    if version == DEFAULT_PYTHON:
-        pip_args = ["-r", str(req)]
-        want = hashlib.sha256(req.read_bytes() + (nodeps.read_bytes() if nodeps.exists() else b"")).hexdigest()
-        if nodeps.exists():
-            nodeps_args = ["--no-deps", "-r", str(nodeps)]
-    else:
-        pins = pinned_requirements(req, UPSTREAM_TEST_REQUIREMENTS)
-        pip_args, want = pins, hashlib.sha256("\n".join(pins).encode()).hexdigest()
+    pip_args, nodeps_args, want = venv_requirements(layout, version)
     if (not stamp.exists() or stamp.read_text().strip() != want) and venv != layout.venv:
         seed_from(layout.venv, venv, want)
     if not stamp.exists() or stamp.read_text().strip() != want:
         with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as fh:
             fh.write(f"torch=={pinned}\n")
         try:
-            pip = [str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
-            if version == DEFAULT_PYTHON:
-                proc = subprocess.run([*pip, *pip_args, "-c", fh.name])
-            else:  # the CUDA build's wheels (GBs) would stay in pip's cache for nothing
-                pip.append("--no-cache-dir")
-                proc = pip_install_one_at_a_time(pip, pip_args, fh.name)
+            # --no-cache-dir: the CUDA build's wheels (GBs) would stay in pip's cache for nothing
+            pip = [str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-cache-dir"]
+            proc = pip_install_one_at_a_time(pip, pip_args, fh.name)
             if proc.returncode == 0 and nodeps_args:
                 pip_args = nodeps_args
-                proc = subprocess.run([*pip, *nodeps_args, "-c", fh.name])
+                proc = subprocess.run([*pip, *nodeps_args, "-c", fh.name], env=pip_env())
         finally:
             os.unlink(fh.name)
         if proc.returncode != 0:
@@ -141,13 +138,40 @@ def setup(layout: Layout, venv: Path | None = None, through: str | None = None, 
     return install(site_packages(venv), series, pinned, through, wheel=lambda: find_wheel(pinned, layout.wheels))
 
 
+def venv_requirements(layout: Layout, version: str) -> tuple[list[str], list[str], str]:
+    """What pip installs into a venv for Python `version`: its arguments, those of the --no-deps install
+    after it (none, or `--no-deps -r requirements-nodeps.txt`), and the sha256 that stands for them (the
+    venv's `.workbench-requirements` stamp)."""
+    req = layout.root / "requirements.txt"
+    # Pinned packages whose declared dependencies are not needed: installed with --no-deps after
+    # requirements.txt (HolisticTraceAnalysis declares jupyterlab; loading a trace needs none of it).
+    nodeps = layout.root / "requirements-nodeps.txt"
+    if version == DEFAULT_PYTHON:
+        want = hashlib.sha256(req.read_bytes() + (nodeps.read_bytes() if nodeps.exists() else b"")).hexdigest()
+        return ["-r", str(req)], (["--no-deps", "-r", str(nodeps)] if nodeps.exists() else []), want
+    pins = pinned_requirements(req, UPSTREAM_TEST_REQUIREMENTS)
+    return pins, [], hashlib.sha256("\n".join(pins).encode()).hexdigest()
+
+
+def pip_fills(layout: Layout, venv: Path, version: str) -> bool:
+    """Whether pip installs the new venv's packages (torch's CUDA build, GBs), so that creating it needs
+    CUDA_VENV_FREE_BYTES free: .venv and another Python's venv always; a further 3.11 venv (the benchmark's,
+    the differential's) not when .venv holds exactly its requirements (its stamp), as seed_from then fills
+    it with hard links to .venv's files."""
+    if venv == layout.venv or version != DEFAULT_PYTHON:
+        return True
+    source_stamp = layout.venv / ".workbench-requirements"
+    return not (source_stamp.exists() and source_stamp.read_text().strip() == venv_requirements(layout, version)[2])
+
+
 def check_free_disk(venv: Path, needed: int) -> None:
     """Refuse, before anything is created or downloaded, to make `venv` on a file system with less than
     `needed` bytes free: pip would otherwise fail minutes later, halfway through the wheels."""
     free = shutil.disk_usage(venv.parent).free
     if free < needed:
-        raise SeriesError(f"creating {venv} needs about {needed / 1e9:.1f} GB of free disk (torch's CUDA build "
-                          f"for that Python), {free / 1e9:.1f} GB is free on {venv.parent}; free some and rerun")
+        raise SeriesError(f"creating {venv} needs about {needed / 1e9:.1f} GB of free disk (the pinned torch is "
+                          f"the registry's CUDA build, about 5.4 GB installed with its nvidia-* wheels), but only "
+                          f"{free / 1e9:.1f} GB is free on {venv.parent}; free some and rerun")
 
 
 def pip_install_one_at_a_time(pip: list[str], requirements: list[str],
@@ -155,22 +179,26 @@ def pip_install_one_at_a_time(pip: list[str], requirements: list[str],
     """`pip install requirements -c constraints`, one distribution at a time, then all together.
 
     One `pip install` downloads every wheel before it installs any, so torch's CUDA build would hold its
-    2.8 GB of wheels in a temporary folder next to the 4.7 GB being installed. Resolved first
+    GBs of wheels in a temporary folder next to the ~5.4 GB being installed. Resolved first
     (`--dry-run --report`), then installed one by one (`--no-deps name==version`), only one wheel is on
     disk at a time; the last call, with the requirements as given, checks the whole set and fetches nothing.
+    Every call runs with PIP_CONSTRAINT=/dev/null (`pip_env`), so a constraints file named in the machine's
+    pip configuration cannot refuse the pinned torch; `constraints` (the workbench's pin) is passed with -c.
     """
+    env = pip_env()
     with tempfile.TemporaryDirectory(prefix="pip-report-") as tmp:
         report = Path(tmp) / "report.json"
-        proc = subprocess.run([*pip, "--dry-run", "--report", str(report), *requirements, "-c", constraints])
+        proc = subprocess.run([*pip, "--dry-run", "--report", str(report), *requirements, "-c", constraints],
+                              env=env)
         if proc.returncode != 0:
             return proc
         resolved = [f"{item['metadata']['name']}=={item['metadata']['version']}"
                     for item in json.loads(report.read_text())["install"]]
     for spec in resolved:
-        proc = subprocess.run([*pip, "--no-deps", spec, "-c", constraints])
+        proc = subprocess.run([*pip, "--no-deps", spec, "-c", constraints], env=env)
         if proc.returncode != 0:
             return proc
-    return subprocess.run([*pip, *requirements, "-c", constraints])
+    return subprocess.run([*pip, *requirements, "-c", constraints], env=env)
 
 
 def seed_from(source: Path, venv: Path, want: str) -> None:
@@ -207,7 +235,7 @@ def seed_from(source: Path, venv: Path, want: str) -> None:
 
 
 def upstream_python(layout: Layout, python: str | None) -> Path:
-    """`upstream-tests --python`: a version (3.10 -> .venv-py3.10/bin/python) or an interpreter path."""
+    """`upstream-tests --python`: a version (3.12 -> .venv-py3.12/bin/python) or an interpreter path."""
     if python is None or VERSION_RE.fullmatch(python):
         venv = matrix_venv(layout, python)
         py = venv / "bin" / "python"

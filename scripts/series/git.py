@@ -136,8 +136,22 @@ def blob_id(data: bytes) -> str:
 # --------------------------------------------------------------------------- wheels
 
 
+def pip_env() -> dict[str, str]:
+    """Environment for every pip the workbench runs (setup's installs, `pip_install_one_at_a_time`,
+    `find_wheel`'s `pip download`): ours with PIP_CONSTRAINT=/dev/null.
+
+    A machine's pip configuration may name a global constraints file (this one's, in /etc/xdg/pip,
+    caps torch below the pinned base), and pip would then refuse the very release the series is pinned
+    to. PIP_CONSTRAINT set in the environment takes the place of the configured file, so an empty one
+    lifts it for these calls only; the workbench's own pin (torch==<patches/base.json's torch_version>)
+    is still passed with `-c`, and the configuration itself is left alone.
+    """
+    return dict(os.environ, PIP_CONSTRAINT=os.devnull)
+
+
 def find_wheel(version: str, wheels_dir: Path) -> Path:
-    """A torch wheel of this version: from build/wheels, else fetched there with `pip download`."""
+    """A torch wheel of this version: from build/wheels, else fetched there with `pip download`
+    (under `pip_env()`: PIP_CONSTRAINT=/dev/null, so a configured constraints file cannot refuse it)."""
     def cached() -> list[Path]:
         return sorted(p for p in wheels_dir.glob(f"torch-{version}*.whl")
                       if re.match(rf"torch-{re.escape(version)}(\+[^-]+)?-", p.name))
@@ -145,7 +159,8 @@ def find_wheel(version: str, wheels_dir: Path) -> Path:
         wheels_dir.mkdir(parents=True, exist_ok=True)
         print(f"fetching the torch=={version} wheel with pip download into {wheels_dir} ...", flush=True)
         proc = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
-                               f"torch=={version}", "-d", str(wheels_dir)], capture_output=True, text=True)
+                               f"torch=={version}", "-d", str(wheels_dir)], capture_output=True, text=True,
+                              env=pip_env())
         if proc.returncode != 0 or not (found := cached()):
             raise SeriesError(f"could not get the torch=={version} wheel with pip download: "
                               f"{proc.stderr.strip()[-800:]}\npass --wheel PATH to use a wheel file you have")

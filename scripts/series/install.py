@@ -74,7 +74,7 @@ def check_torch_version(sp: Path, pinned: str) -> Path:
     version, dist_info = installed_torch(sp)
     if version.split("+", 1)[0] != pinned:
         raise SeriesError(f"the torch installed in {sp} is {version}, but the series is pinned to torch {pinned}; "
-                          f"install the pinned release: pip install torch=={pinned}")
+                          f"install the pinned release: PIP_CONSTRAINT=/dev/null pip install torch=={pinned}")
     return dist_info
 
 
@@ -85,7 +85,8 @@ def torch_paths(series: list[Patch]) -> list[str]:
 def reinstall_hint(sp: Path, pinned: str) -> str:
     venv = sp.parent.parent.parent
     pip = f"{venv}/bin/python -m pip" if (venv / "bin" / "python").exists() else "pip"
-    return f"{pip} install --force-reinstall --no-deps torch=={pinned}"
+    # PIP_CONSTRAINT=/dev/null: as every pip the workbench runs (git.pip_env), past a configured constraints file
+    return f"PIP_CONSTRAINT=/dev/null {pip} install --force-reinstall --no-deps torch=={pinned}"
 
 
 def read_stamp(sp: Path) -> dict | None:
