@@ -571,7 +571,11 @@ def test_checkpoint_golden(checkpointed: Captured) -> None:
 def qwen2_checkpointed() -> Captured:
     # Hugging Face's own activation checkpointing: torch.utils.checkpoint(use_reentrant=False)
     # around each decoder layer.
+    # Attention dropout makes each layer's SDPA random, so that AOTAutograd functionalizes its RNG for the
+    # recomputation (run_and_save_rng_state / run_with_rng_state); with dropout_p=0, torch 2.15 traces no RNG op.
     workload = qwen2()
+    for layer in workload.model.model.layers:
+        layer.self_attn.attention_dropout = 0.1
     workload.model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     return compile_aot(workload, train=True, partition_fn=min_cut_rematerialization_partition)
 
