@@ -394,10 +394,18 @@ def dynamo_nodes(spec: dict[str, Any]) -> int:
 # =========================================================================== worker modes
 
 
-def warm_up(table: dict[str, dict[str, Any]]) -> None:
-    """Compile two tiny functions (inference and training) first, so that lazy imports are not measured."""
+def warm_up(table: dict[str, dict[str, Any]], train: bool = True) -> None:
+    """Compile two tiny functions (inference and training) first, so that lazy imports are not measured.
+
+    ``train=False``: the inference one only, for a process that then forks the measured compiles. Since
+    torch 2.15 a child forked after the parent's autograd engine ran cannot run it ("Unable to handle
+    autograd's threading in combination with fork-based multiprocessing"), and compiling for training runs
+    it (AOTAutograd traces the joint graph with ``torch.autograd.grad``); each child's unmeasured priming
+    compile pays the training imports instead.
+    """
     compile_once(table["warmup"])
-    compile_once(table["warmup_train"])
+    if train:
+        compile_once(table["warmup_train"])
 
 
 def worker_callgrind(job: dict[str, Any]) -> dict[str, Any]:
@@ -413,7 +421,7 @@ def worker_callgrind(job: dict[str, Any]) -> dict[str, Any]:
         import transformers  # noqa: F401  (imported in every process alike, whatever it measures)
     # Warmed up alike in every process (flag off), then switched: warming up with the flag on had left the
     # processes' heaps different enough to move counts by up to 0.4% either way.
-    warm_up(table)
+    warm_up(table, train=False)  # the children fork from here: no autograd in this process
     variant.set(job["variant"].strip())
     gc.collect()
     children = []

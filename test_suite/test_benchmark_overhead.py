@@ -210,6 +210,19 @@ def test_variant_refuses_the_wrong_torch() -> None:
         variant.set("fixes" if patched else "enabled")
 
 
+def test_callgrind_worker_forks_training_compiles() -> None:
+    """The callgrind worker forks one child per measured compile: a training compile must run there (since
+    torch 2.15 a child forked after its parent ran the autograd engine cannot run it). Run in a process of
+    its own, as under valgrind; valgrind's toggle is a no-op without it."""
+    pytest.importorskip("torch")
+    job = {"mode": "callgrind", "quick": True, "variant": "disabled", "workloads": ["nested_train_d2"],
+           "measure": "1", "transformers": False}
+    code = f"from scripts import benchmark_overhead as B; print(B.worker_callgrind({job!r}))"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "'workload': 'nested_train_d2'" in proc.stdout
+
+
 def test_bytecode_report_names_the_functions_that_differ() -> None:
     counts = {
         "fixes": {"w": {"a.py:f": 100, "b.py:g": 900}},
