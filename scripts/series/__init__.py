@@ -11,12 +11,13 @@ Usage: python3 -m scripts.series <command> [options]   (from the repository root
   status          pristine / current / stale / modified / interrupted state of the venv's torch
   radar           does the series still apply to another torch release wheel?
   upstream-tests  run the upstream test files that the series adds or changes (--python 3.X)
+  peer-tests      PyTorch's own tests of the modules the series touches: pristine vs series (flag off/on)
 
 Errors print `error: ...` and exit 2; a conflict (left recoverable) exits 1.
 
 Modules, one guarantee each: git (errors, layout, git and wheels), patches (patch files, the series,
 patches/integrity.json), workspace (import/export), apply (onto a checkout), install (the venv's torch,
-all or nothing), radar, upstream (upstream tests), envs (setup, Python matrix), cli.
+all or nothing), radar, upstream (upstream tests), peer (peer tests), envs (setup, Python matrix), cli.
 """
 
 from .apply import am_failure_report, applied_prefix, apply_to_checkout, check_target, failed_paths, run_am

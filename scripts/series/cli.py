@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from .envs import setup, upstream_python
 from .git import REPO_ROOT, Layout, SeriesError, find_wheel
 from .install import install, install_state, revert, site_packages
 from .patches import load_series
+from .peer import CONFIGS, run_peer_tests
 from .radar import radar
 from .upstream import run_upstream_tests, upstream_test_files
 from .workspace import build_workspace, export
@@ -64,6 +66,17 @@ def parser() -> argparse.ArgumentParser:
     u.add_argument("--list", action="store_true", help="only print the selected test files")
     u.add_argument("--pytest", action="store_true", help="run them in one pytest session, as PyTorch's CI does")
     u.add_argument("extra", nargs="*", help="arguments passed to every test file (after --)")
+    pt = sub.add_parser("peer-tests", help="PyTorch's own tests of the modules the series touches: pristine torch vs "
+                        "the series (flag off, flag on), test by test")
+    pt.add_argument("--tests-from", type=Path, default=None,
+                    help="a folder laid out like a PyTorch checkout (DIR/test/...); default: ../shared/upstream-tests "
+                    "beside the repository (or beside its local origin)")
+    pt.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated subset of pristine,off,on")
+    pt.add_argument("-k", dest="keyword", default=None, help="pytest -k expression")
+    pt.add_argument("--pytest-args", default="", help="more pytest arguments, one shell-quoted string")
+    pt.add_argument("--venv", type=Path, default=None, help="default: .venv")
+    pt.add_argument("files", nargs="*", help="test files under DIR/test (default: every test_*.py of a stored "
+                    "folder; a PyTorch checkout must name them)")
     return ap
 
 
@@ -109,6 +122,10 @@ def run(args: argparse.Namespace) -> int:
             return 0
         return run_upstream_tests(series, upstream_python(layout, args.python), args.tests_from, args.extra,
                                   args.pytest)
+    elif args.cmd == "peer-tests":
+        extra = (["-k", args.keyword] if args.keyword else []) + shlex.split(args.pytest_args)
+        return run_peer_tests(layout, args.tests_from, args.files, [c for c in args.configs.split(",") if c],
+                              extra, args.venv.absolute() if args.venv else None)
     return 0
 
 

@@ -1,0 +1,459 @@
+"""`peer-tests`: PyTorch's own test files for the modules the series touches, run on pristine torch and
+with the series (flag off, flag on), compared test by test.
+
+Guarantees:
+- The same test files run under three configurations, one pytest process per file (as PyTorch's
+  run_test.py does: some tests depend on process-global counters that other files advance), from the
+  `test/` folder of the tree they come from: `pristine` (torch 2.15.0 without the series), `off` (the
+  series installed, `torch._dynamo.config.record_call_hierarchy` at its default, off) and `on` (the
+  series with the flag forced on for the whole process and its subprocesses by a `sitecustomize.py`
+  on PYTHONPATH). Environment: OMP_NUM_THREADS=1, CI unset, Inductor's FX-graph and AOTAutograd caches
+  off, a fresh TORCHINDUCTOR_CACHE_DIR per configuration (deleted afterwards).
+- Pristine torch is a hard-link overlay of the venv's `torch/` (build/peer/pristine/torch): every file
+  the series changes is unlinked there and rewritten with the wheel's version (from the backups
+  `install` keeps in site-packages/.rfc0051-series/pristine/, checked against the wheel's RECORD), every
+  file it adds is removed. The venv is never written to: a link is always removed before its path is
+  written. The overlay is checked against RECORD before and after its run.
+- Each configuration is checked inside every pytest process (a plugin that records `torch.__file__`
+  and the flag as the session starts): torch from the overlay for `pristine` (and no
+  `record_call_hierarchy` flag), from the venv for `off`/`on`, the flag False/True. A probe with the same
+  environment fails the run before the tests start if that would not hold. Any mismatch is an error.
+- The verdict is per test id (pytest's JUnit XML): a test that passes on pristine and does not pass (fails,
+  errors, is skipped or is missing) with the series, flag off or on, is a regression; exit status 1 if
+  there is any. Tests that fail on pristine are reported as such only (the stored files come from
+  various upstream commits). If the venv's series changed during the run, the result is refused (rerun).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from collections.abc import Iterable
+from pathlib import Path
+
+from .git import Layout, SeriesError, find_wheel, git
+from .install import (
+    check_torch_version, install_state, pristine_bytes, read_stamp, record_hashes, site_packages, torch_paths,
+)
+from .patches import Patch, load_series
+from .upstream import upstream_test_env
+
+CONFIGS = ("pristine", "off", "on")
+OUTCOMES = ("passed", "failed", "error", "skipped")
+SEVERITY = {"passed": 0, "skipped": 1, "failed": 2, "error": 3}
+FLAG = "record_call_hierarchy"
+PROBE_PLUGIN = "rfc0051_peer_probe"
+
+# Put on PYTHONPATH for the `on` configuration: forces the flag on as soon as torch._dynamo.config is
+# executed, in this process and every Python subprocess that inherits PYTHONPATH.
+SITECUSTOMIZE = '''\
+"""rfc0051 peer-tests: force torch._dynamo.config.record_call_hierarchy = True in every process."""
+import importlib.abc
+import sys
+
+_TARGET = "torch._dynamo.config"
+
+
+class _ForceCallHierarchy(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name != _TARGET:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                exec_module = spec.loader.exec_module
+
+                def exec_and_force(module, _exec=exec_module):
+                    _exec(module)
+                    setattr(module, "record_call_hierarchy", True)
+
+                spec.loader.exec_module = exec_and_force
+                return spec
+        return None
+
+
+sys.meta_path.insert(0, _ForceCallHierarchy())
+'''
+
+# A pytest plugin (-p rfc0051_peer_probe): records, as the session starts, which torch the test process
+# imports and the flag's value, into the JSON file named by RFC0051_PEER_PROBE_OUT.
+PROBE = '''\
+"""rfc0051 peer-tests: record the torch a test process imports and the flag's value."""
+import json
+import os
+
+
+def probe():
+    import torch
+    import torch._dynamo.config as config
+    return {"torch": torch.__file__, "version": torch.__version__,
+            "flag": getattr(config, "record_call_hierarchy", None), "pid": os.getpid()}
+
+
+def pytest_configure(config):
+    out = os.environ.get("RFC0051_PEER_PROBE_OUT")
+    if out:
+        with open(out, "w") as fh:
+            json.dump(probe(), fh)
+
+
+if __name__ == "__main__":
+    print(json.dumps(probe()))
+'''
+
+
+# --------------------------------------------------------------------------- JUnit XML and the verdict
+
+
+def module_name(test_file: str) -> str:
+    """`dynamo/test_x.py` -> `dynamo.test_x` (how pytest's JUnit XML names the file in `classname`)."""
+    return test_file.removesuffix(".py").replace("/", ".")
+
+
+def test_id(classname: str, name: str, files: Iterable[str]) -> str:
+    """`file::Class::test` for a JUnit testcase, `files` relative to test/ (pytest's classname may carry a
+    leading `test.` when its rootdir is the checkout's root); a collection error is `file::<collection>`."""
+    mods = sorted(((module_name(f), f) for f in files), key=lambda m: -len(m[0]))
+    for cand, test in ((classname, name), (classname.removeprefix("test."), name), (name, ""),
+                       (name.removeprefix("test."), "")):
+        for mod, f in mods:
+            if cand == mod or cand.startswith(mod + "."):
+                rest = cand[len(mod) + 1:].split(".") if cand != mod else []
+                return "::".join([f, *rest, test or "<collection>"])
+    return "::".join(p for p in (classname, name) if p)
+
+
+def parse_junit(path: Path, files: Iterable[str]) -> dict[str, str]:
+    """Outcome per test id (passed/failed/error/skipped) from pytest's --junitxml file; a test reported
+    twice (e.g. a teardown error after a pass) takes its worse outcome."""
+    files = list(files)
+    try:
+        root = ET.parse(path).getroot()
+    except (OSError, ET.ParseError) as exc:
+        raise SeriesError(f"cannot read the JUnit XML {path}: {exc}") from exc
+    out: dict[str, str] = {}
+    for case in root.iter("testcase"):
+        tags = {child.tag for child in case}
+        outcome = ("error" if "error" in tags else "failed" if "failure" in tags
+                   else "skipped" if "skipped" in tags else "passed")
+        tid = test_id(case.get("classname", ""), case.get("name", ""), files)
+        if tid not in out or SEVERITY[outcome] > SEVERITY[out[tid]]:
+            out[tid] = outcome
+    return out
+
+
+@dataclasses.dataclass
+class Verdict:
+    regressions: dict[str, dict[str, str]]  # test id -> {config: outcome ("missing" if not run)}
+    fails_on_pristine: dict[str, dict[str, str]]  # test id -> {config: outcome}, pristine included
+
+
+def compare(results: dict[str, dict[str, str]]) -> Verdict:
+    """Regressions: passed on pristine, anything but passed (missing included) in another configuration.
+    Tests that fail or error on pristine are listed apart; tests skipped on pristine are ignored."""
+    pristine = results.get("pristine", {})
+    others = [c for c in results if c != "pristine"]
+    regressions: dict[str, dict[str, str]] = {}
+    fails: dict[str, dict[str, str]] = {}
+    for tid, outcome in sorted(pristine.items()):
+        seen = {c: results[c].get(tid, "missing") for c in others}
+        if outcome == "passed" and any(v != "passed" for v in seen.values()):
+            regressions[tid] = seen
+        elif outcome in ("failed", "error"):
+            fails[tid] = {"pristine": outcome, **seen}
+    return Verdict(regressions, fails)
+
+
+def counts(outcomes: dict[str, str], test_file: str) -> tuple[int, int, int]:
+    """(passed, failed or errored, skipped) of the tests of one file."""
+    mine = [o for tid, o in outcomes.items() if tid.split("::", 1)[0] == test_file]
+    return (mine.count("passed"), mine.count("failed") + mine.count("error"), mine.count("skipped"))
+
+
+def table(results: dict[str, dict[str, str]], files: list[str]) -> str:
+    configs = list(results)
+    width = max([len(f) for f in files] + [4])
+    lines = [f"{'file':<{width}}  " + "  ".join(f"{c + ' p/f/s':>14}" for c in configs)]
+    for f in files:
+        lines.append(f"{f:<{width}}  " + "  ".join(f"{'/'.join(map(str, counts(results[c], f))):>14}"
+                                                   for c in configs))
+    totals = ["/".join(str(sum(counts(results[c], f)[i] for f in files)) for i in range(3)) for c in configs]
+    lines.append(f"{'total':<{width}}  " + "  ".join(f"{t:>14}" for t in totals))
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- the pristine overlay
+
+
+def series_paths(sp: Path, series: list[Patch]) -> list[str]:
+    """Every torch/ file the series (or what the venv's stamp records) changes or adds."""
+    stamp = read_stamp(sp)
+    return list(dict.fromkeys([*torch_paths(series), *(stamp["files"] if stamp else [])]))
+
+
+def build_overlay(sp: Path, dest: Path, paths: list[str], record: dict[str, str],
+                  pristine: dict[str, bytes]) -> Path:
+    """dest/torch: hard links to sp/torch, except `paths`: the wheel's bytes (`pristine`) written to a fresh
+    inode where the wheel has the file, removed where it has not (`record` lacks it). Returns dest."""
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.mkdir(parents=True)
+    proc = subprocess.run(["cp", "-al", str(sp / "torch"), str(dest / "torch")], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SeriesError(f"cannot hard-link {sp / 'torch'} into {dest} (`cp -al`: {proc.stderr.strip()}); the "
+                          "overlay must be on the venv's file system")
+    for rel in paths:
+        target = dest / rel
+        if target.is_file() or target.is_symlink():
+            target.unlink()  # break the hard link first: never write through it into the venv
+        cache = target.parent / "__pycache__"
+        for pyc in cache.glob(f"{target.stem}.*.pyc") if cache.is_dir() else []:
+            pyc.unlink()
+        if rel in record:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(pristine[rel])
+    check_overlay(dest, paths, record)
+    return dest
+
+
+def check_overlay(dest: Path, paths: list[str], record: dict[str, str]) -> None:
+    bad = []
+    for rel in paths:
+        target = dest / rel
+        if rel not in record:
+            if target.exists():
+                bad.append(f"{rel} exists (the series adds it)")
+        elif not target.is_file() or hashlib.sha256(target.read_bytes()).hexdigest() != record[rel]:
+            bad.append(f"{rel} is not the wheel's")
+    if bad:
+        raise SeriesError(f"the pristine overlay {dest} is not pristine: {'; '.join(bad)}")
+
+
+def pristine_overlay(layout: Layout, sp: Path, series: list[Patch], dest: Path) -> tuple[Path, list[str], dict]:
+    pinned = layout.base()["torch_version"]
+    record = record_hashes(check_torch_version(sp, pinned))
+    paths = series_paths(sp, series)
+    pristine = {rel: pristine_bytes(sp, rel, record[rel], pinned, lambda: find_wheel(pinned, layout.wheels))
+                for rel in paths if rel in record}
+    return build_overlay(sp, dest, paths, record, pristine), paths, record
+
+
+# --------------------------------------------------------------------------- where the tests come from
+
+
+class NoStoredTests(SeriesError):
+    """No folder of stored upstream test files was found (ci/run_tests.sh reports the suite as skipped)."""
+
+    exit_code = 3
+
+
+def default_tests_from(root: Path) -> Path:
+    """../shared/upstream-tests beside the repository, or beside its `origin` if that is a local path."""
+    tried = [root.parent / "shared" / "upstream-tests"]
+    proc = git(root, "remote", "get-url", "origin", check=False)
+    url = proc.stdout.strip() if proc.returncode == 0 else ""
+    url = url.removeprefix("file://")
+    if url and "://" not in url and not (":" in url.split("/", 1)[0]):
+        origin = Path(url) if os.path.isabs(url) else (root / url)
+        tried.append(origin.resolve().parent / "shared" / "upstream-tests")
+    for cand in tried:
+        if (cand / "test").is_dir():
+            return cand
+    raise NoStoredTests("no stored upstream test files: looked for " + " and ".join(f"{c}/test" for c in tried)
+                      + "; pass --tests-from DIR (a PyTorch checkout, or a folder laid out like one)")
+
+
+def select_files(tests_from: Path, files: list[str]) -> list[str]:
+    """The test files, relative to tests_from/test. Given none: every test_*.py under test/ of a stored
+    folder (a PyTorch checkout, holding torch/, must name its files)."""
+    test_dir = tests_from / "test"
+    if not test_dir.is_dir():
+        raise SeriesError(f"{test_dir} does not exist; --tests-from takes a folder laid out like a PyTorch checkout")
+    if not files:
+        if (tests_from / "torch").is_dir():
+            raise SeriesError(f"{tests_from} is a PyTorch checkout: name the test files to run, e.g. "
+                              "test/dynamo/test_regional_inductor.py")
+        found = sorted(str(p.relative_to(test_dir)) for p in test_dir.rglob("test_*.py"))
+        if not found:
+            raise SeriesError(f"no test_*.py files under {test_dir}")
+        return found
+    out = []
+    for f in files:
+        rel = f.removeprefix("test/")
+        if not (test_dir / rel).is_file():
+            raise SeriesError(f"{test_dir / rel} does not exist")
+        out.append(rel)
+    return list(dict.fromkeys(out))
+
+
+# --------------------------------------------------------------------------- running a configuration
+
+
+@dataclasses.dataclass
+class Run:
+    config: str
+    outcomes: dict[str, str]
+    wall_s: float
+    rcs: dict[str, int]  # pytest's exit status per file
+    log: Path
+
+
+def config_env(config: str, work: Path, overlay: Path, cache_dir: Path) -> dict[str, str]:
+    env = upstream_test_env()  # without CI
+    path = [str(work / "probe")]
+    if config == "pristine":
+        path.insert(0, str(overlay))
+    elif config == "on":
+        path.insert(0, str(work / "force_on"))
+    if env.get("PYTHONPATH"):
+        path.append(env["PYTHONPATH"])
+    env.update(PYTHONPATH=os.pathsep.join(path), OMP_NUM_THREADS="1", TORCHINDUCTOR_FX_GRAPH_CACHE="0",
+               TORCHINDUCTOR_AUTOGRAD_CACHE="0", TORCHINDUCTOR_CACHE_DIR=str(cache_dir))
+    return env
+
+
+def check_probe(config: str, probe: dict, sp: Path, overlay: Path, where: str) -> None:
+    torch_dir = Path(probe.get("torch", "")).resolve().parent
+    want_dir = (overlay if config == "pristine" else sp).resolve() / "torch"
+    want_flag = {"pristine": None, "off": False, "on": True}[config]
+    if torch_dir != want_dir or probe.get("flag") != want_flag:
+        raise SeriesError(f"configuration {config}: {where} imported torch from {torch_dir} with {FLAG}="
+                          f"{probe.get('flag')!r}; expected {want_dir} with "
+                          f"{'no such flag' if want_flag is None else want_flag}")
+
+
+def run_config(config: str, python: Path, cwd: Path, files: list[str], work: Path, overlay: Path, sp: Path,
+               pytest_args: list[str]) -> Run:
+    """One pytest process per test file, as PyTorch's run_test.py runs them (tests of one file depend on
+    process-global counters that another file's tests advance), all with this configuration's environment."""
+    out = work / "results" / config
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    log = work / f"{config}.log"
+    outcomes: dict[str, str] = {}
+    rcs: dict[str, int] = {}
+    with tempfile.TemporaryDirectory(prefix=f"peer-{config}-inductor-") as cache:
+        env = config_env(config, work, overlay, Path(cache))
+        pre = subprocess.run([str(python), "-m", PROBE_PLUGIN], cwd=cwd, env=env, capture_output=True, text=True)
+        if pre.returncode != 0:
+            raise SeriesError(f"configuration {config}: the probe cannot import torch: {pre.stderr.strip()[-800:]}")
+        check_probe(config, json.loads(pre.stdout.strip().splitlines()[-1]), sp, overlay, "a probe process")
+        print(f"=== {config}: {len(files)} file(s), one pytest each, log {log}", flush=True)
+        start = time.monotonic()
+        with open(log, "w") as fh:
+            for f in files:
+                stem = f.removesuffix(".py").replace("/", ".")
+                xml, probe_out = out / f"{stem}.xml", out / f"{stem}.probe.json"
+                env["RFC0051_PEER_PROBE_OUT"] = str(probe_out)
+                cmd = [str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", PROBE_PLUGIN,
+                       f"--junitxml={xml}", f, *pytest_args]
+                fh.write(f"=== {' '.join(cmd)}\n")
+                fh.flush()
+                rcs[f] = subprocess.run(cmd, cwd=cwd, env=env, stdout=fh, stderr=subprocess.STDOUT).returncode
+                if not probe_out.exists():
+                    raise SeriesError(f"configuration {config}: the pytest process of {f} recorded no probe (exit "
+                                      f"{rcs[f]}); see {log}")
+                check_probe(config, json.loads(probe_out.read_text()), sp, overlay, f"the pytest process of {f}")
+                if xml.exists():
+                    outcomes.update(parse_junit(xml, [f]))
+                else:  # pytest died (a crash): its tests are missing, and the file is marked
+                    outcomes[f"{f}::<session>"] = "error"
+        wall = time.monotonic() - start
+    print(f"    {config}: {sum(o == 'passed' for o in outcomes.values())} passed of {len(outcomes)} in {wall:.0f} s",
+          flush=True)
+    return Run(config, outcomes, wall, rcs, log)
+
+
+def series_hash_now(sp: Path, layout: Layout) -> str:
+    st = install_state(sp, load_series(layout.patches), layout.base()["torch_version"], None)
+    if st.state != "current":
+        raise SeriesError(f"the series is not installed in {sp} ({st.state}: {st.detail}); run "
+                          "`python3 -m scripts.series install`, then rerun")
+    stamp = read_stamp(sp)
+    return str(stamp["series_hash"]) if stamp else ""
+
+
+def run_peer_tests(layout: Layout, tests_from: Path | None, files: list[str], configs: list[str],
+                   pytest_args: list[str], venv: Path | None = None) -> int:
+    bad = [c for c in configs if c not in CONFIGS]
+    if bad or not configs:
+        raise SeriesError(f"--configs takes a comma-separated subset of {','.join(CONFIGS)}, not {','.join(bad)}")
+    configs = [c for c in CONFIGS if c in configs]
+    root = (tests_from or default_tests_from(layout.root)).resolve()
+    if not root.is_dir():
+        raise SeriesError(f"{root} does not exist (--tests-from)")
+    files = select_files(root, files)
+    venv = venv or layout.venv
+    python = Path(os.path.abspath(venv / "bin" / "python"))
+    if not python.exists():
+        raise SeriesError(f"{python} does not exist; run `python3 -m scripts.series setup`")
+    sp = site_packages(venv)
+    work = layout.root / "build" / "peer"
+    work.mkdir(parents=True, exist_ok=True)
+    with open(work / ".lock", "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            raise SeriesError(f"another peer-tests run holds {work}; wait for it to finish") from None
+        return run_locked(layout, sp, python, root, files, configs, pytest_args, work)
+
+
+def run_locked(layout: Layout, sp: Path, python: Path, root: Path, files: list[str], configs: list[str],
+               pytest_args: list[str], work: Path) -> int:
+    series = load_series(layout.patches)
+    (work / "probe").mkdir(exist_ok=True)
+    (work / "probe" / f"{PROBE_PLUGIN}.py").write_text(PROBE)
+    (work / "force_on").mkdir(exist_ok=True)
+    (work / "force_on" / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    before = series_hash_now(sp, layout) if set(configs) - {"pristine"} else ""
+    overlay = work / "pristine"
+    paths: list[str] = []
+    record: dict = {}
+    if "pristine" in configs:
+        overlay, paths, record = pristine_overlay(layout, sp, series, overlay)
+    print(f"peer tests: {len(files)} file(s) from {root}/test, configurations {', '.join(configs)}")
+    runs: dict[str, Run] = {}
+    for config in configs:
+        runs[config] = run_config(config, python, root / "test", files, work, overlay, sp, pytest_args)
+        if config == "pristine":
+            check_overlay(overlay, paths, record)  # an install during the run must not have reached it
+    if before and series_hash_now(sp, layout) != before:
+        raise SeriesError(f"the series installed in {sp} changed during the run (an `install`); rerun")
+    results = {c: r.outcomes for c, r in runs.items()}
+    print("\n" + table(results, files))
+    print("wall time: " + ", ".join(f"{c} {r.wall_s:.0f} s" for c, r in runs.items()))
+    if "pristine" not in results:
+        print("no pristine configuration: nothing to compare against")
+        return 0
+    verdict = compare(results)
+    if verdict.fails_on_pristine:
+        print(f"\nfails on pristine (not the series'): {len(verdict.fails_on_pristine)} test(s); ids in "
+              f"{work / 'fails_on_pristine.txt'}")
+        (work / "fails_on_pristine.txt").write_text("".join(
+            f"{tid}  " + " ".join(f"{c}={o}" for c, o in seen.items()) + "\n"
+            for tid, seen in verdict.fails_on_pristine.items()))
+    if len(results) == 1:
+        return 0
+    if verdict.regressions:
+        print(f"\nREGRESSIONS: {len(verdict.regressions)} test(s) pass on pristine torch but not with the series:")
+        for tid, seen in verdict.regressions.items():
+            print(f"  {tid}  " + " ".join(f"{c}={o}" for c, o in seen.items()))
+        return 1
+    print(f"\nno regressions: every test that passes on pristine passes in {', '.join(c for c in results if c != 'pristine')}")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit("use `python3 -m scripts.series peer-tests`")

@@ -1,0 +1,243 @@
+"""Tests of `peer-tests` (scripts/series/peer.py) that need no torch run: JUnit parsing, the verdict, the
+pristine overlay on a fake site-packages, the flag hook on a fake torch, where the test files come from."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from scripts.series import SeriesError, peer
+
+FILES = ["dynamo/test_a.py", "fx/test_b.py", "fx/test_b_more.py"]
+
+JUNIT = """<?xml version="1.0" encoding="utf-8"?>
+<testsuites><testsuite name="pytest" errors="2" failures="1" skipped="2" tests="8">
+<testcase classname="dynamo.test_a.ATests" name="test_pass" time="0.1"/>
+<testcase classname="dynamo.test_a.ATests" name="test_fail"><failure message="boom">tb</failure></testcase>
+<testcase classname="dynamo.test_a.ATests" name="test_skip"><skipped type="pytest.skip" message="no"/></testcase>
+<testcase classname="dynamo.test_a.ATests" name="test_xfail"><skipped type="pytest.xfail" message="x"/></testcase>
+<testcase classname="fx.test_b.BTests" name="test_teardown"/>
+<testcase classname="fx.test_b.BTests" name="test_teardown"><error message="teardown">tb</error></testcase>
+<testcase classname="test.fx.test_b_more.Outer.Inner" name="test_nested"/>
+<testcase classname="" name="fx.test_b_more"><error message="collection failure">tb</error></testcase>
+</testsuite></testsuites>
+"""
+
+
+def test_parse_junit_outcome_per_test_id(tmp_path: Path) -> None:
+    (tmp_path / "r.xml").write_text(JUNIT)
+    assert peer.parse_junit(tmp_path / "r.xml", FILES) == {
+        "dynamo/test_a.py::ATests::test_pass": "passed",
+        "dynamo/test_a.py::ATests::test_fail": "failed",
+        "dynamo/test_a.py::ATests::test_skip": "skipped",
+        "dynamo/test_a.py::ATests::test_xfail": "skipped",
+        "fx/test_b.py::BTests::test_teardown": "error",  # a pass then a teardown error: the worse
+        # rootdir at the checkout's root (classname `test.fx...`); the longest module wins over fx/test_b.py
+        "fx/test_b_more.py::Outer::Inner::test_nested": "passed",
+        "fx/test_b_more.py::<collection>": "error",
+    }
+
+
+def test_parse_junit_unreadable_is_an_error(tmp_path: Path) -> None:
+    (tmp_path / "r.xml").write_text("<testsuites><testcase")
+    with pytest.raises(SeriesError, match="cannot read the JUnit XML"):
+        peer.parse_junit(tmp_path / "r.xml", FILES)
+
+
+def test_compare_regressions_and_pristine_failures() -> None:
+    results = {
+        "pristine": {"t::ok": "passed", "t::fails_off": "passed", "t::errors_on": "passed", "t::gone": "passed",
+                     "t::skipped_on": "passed", "t::broken": "failed", "t::broken_err": "error",
+                     "t::skip": "skipped"},
+        "off": {"t::ok": "passed", "t::fails_off": "failed", "t::errors_on": "passed", "t::skipped_on": "passed",
+                "t::broken": "failed", "t::broken_err": "passed", "t::skip": "failed", "t::new": "failed"},
+        "on": {"t::ok": "passed", "t::fails_off": "passed", "t::errors_on": "error", "t::skipped_on": "skipped",
+               "t::broken": "failed", "t::broken_err": "error", "t::skip": "skipped", "t::new": "failed"},
+    }
+    verdict = peer.compare(results)
+    assert verdict.regressions == {
+        "t::fails_off": {"off": "failed", "on": "passed"},
+        "t::errors_on": {"off": "passed", "on": "error"},
+        "t::gone": {"off": "missing", "on": "missing"},
+        "t::skipped_on": {"off": "passed", "on": "skipped"},
+    }
+    assert verdict.fails_on_pristine == {
+        "t::broken": {"pristine": "failed", "off": "failed", "on": "failed"},
+        "t::broken_err": {"pristine": "error", "off": "passed", "on": "error"},
+    }
+    clean = {c: {"t::ok": "passed", "t::broken": "failed"} for c in ("pristine", "off", "on")}
+    assert peer.compare(clean).regressions == {}
+
+
+def test_table_counts_per_file_and_config() -> None:
+    results = {"pristine": {"fx/test_b.py::T::a": "passed", "fx/test_b.py::T::b": "error",
+                            "fx/test_b.py::T::c": "skipped", "dynamo/test_a.py::T::a": "failed"},
+               "off": {"fx/test_b.py::T::a": "passed"}}
+    assert peer.counts(results["pristine"], "fx/test_b.py") == (1, 1, 1)
+    assert peer.counts(results["pristine"], "dynamo/test_a.py") == (0, 1, 0)
+    lines = peer.table(results, ["dynamo/test_a.py", "fx/test_b.py"]).splitlines()
+    assert lines[1].split() == ["dynamo/test_a.py", "0/1/0", "0/0/0"]
+    assert lines[2].split() == ["fx/test_b.py", "1/1/1", "1/0/0"]
+    assert lines[3].split() == ["total", "1/2/1", "1/0/0"]
+
+
+# --------------------------------------------------------------------------- the pristine overlay
+
+WHEEL = {"torch/__init__.py": b"init\n", "torch/fx/proxy.py": b"pristine proxy\n",
+         "torch/_dynamo/config.py": b"flag-free config\n"}
+SERIES = {"torch/fx/proxy.py": b"patched proxy\n", "torch/_dynamo/config.py": b"config with the flag\n",
+          "torch/fx/call_hierarchy.py": b"added by the series\n"}
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def fake_site_packages(root: Path) -> tuple[Path, dict[str, str]]:
+    sp = root / "site-packages"
+    for rel, data in {**WHEEL, **SERIES}.items():
+        (sp / rel).parent.mkdir(parents=True, exist_ok=True)
+        (sp / rel).write_bytes(data)
+    (sp / "torch/fx/__pycache__").mkdir()
+    (sp / "torch/fx/__pycache__/proxy.cpython-311.pyc").write_bytes(b"bytecode of the patched proxy")
+    return sp, {rel: sha(data) for rel, data in WHEEL.items()}
+
+
+def snapshot(sp: Path) -> dict[str, tuple[bytes, int]]:
+    return {str(p.relative_to(sp)): (p.read_bytes(), p.stat().st_ino) for p in sorted(sp.rglob("*")) if p.is_file()}
+
+
+def test_overlay_replaces_changed_files_removes_added_ones_and_leaves_the_venv_alone(tmp_path: Path) -> None:
+    sp, record = fake_site_packages(tmp_path)
+    before = snapshot(sp)
+    paths = ["torch/fx/proxy.py", "torch/_dynamo/config.py", "torch/fx/call_hierarchy.py"]
+    pristine = {rel: WHEEL[rel] for rel in paths if rel in WHEEL}
+    dest = peer.build_overlay(sp, tmp_path / "overlay", paths, record, pristine)
+    torch = dest / "torch"
+    assert (torch / "fx/proxy.py").read_bytes() == b"pristine proxy\n"
+    assert (torch / "_dynamo/config.py").read_bytes() == b"flag-free config\n"
+    assert not (torch / "fx/call_hierarchy.py").exists()
+    assert not (torch / "fx/__pycache__/proxy.cpython-311.pyc").exists()  # bytecode of the patched file
+    assert (torch / "__init__.py").stat().st_ino == (sp / "torch/__init__.py").stat().st_ino  # a hard link
+    assert (torch / "fx/proxy.py").stat().st_ino != (sp / "torch/fx/proxy.py").stat().st_ino
+    assert snapshot(sp) == before  # the venv: same bytes, same inodes
+    # built again over an old overlay: same result, venv still untouched
+    peer.build_overlay(sp, dest, paths, record, pristine)
+    assert (torch / "fx/proxy.py").read_bytes() == b"pristine proxy\n"
+    assert snapshot(sp) == before
+
+
+def test_check_overlay_refuses_series_files(tmp_path: Path) -> None:
+    sp, record = fake_site_packages(tmp_path)
+    with pytest.raises(SeriesError, match=r"torch/fx/proxy.py is not the wheel's.*call_hierarchy.py exists"):
+        peer.check_overlay(sp, ["torch/fx/proxy.py", "torch/__init__.py", "torch/fx/call_hierarchy.py"], record)
+
+
+# --------------------------------------------------------------------------- the flag hook and the probe
+
+
+def fake_torch(root: Path, flag: bool = True) -> Path:
+    (root / "torch/_dynamo").mkdir(parents=True)
+    (root / "torch/__init__.py").write_text("__version__ = '0.0'\n")
+    (root / "torch/_dynamo/__init__.py").write_text("")
+    (root / "torch/_dynamo/config.py").write_text("record_call_hierarchy = False\n" if flag else "other = 1\n")
+    return root
+
+
+CHILD = ("import subprocess, sys, torch._dynamo.config as c; print(c.record_call_hierarchy); "
+         "print(subprocess.run([sys.executable, '-c', 'import torch._dynamo.config as c; "
+         "print(c.record_call_hierarchy)'], capture_output=True, text=True).stdout.strip())")
+
+
+def run_with(pythonpath: list[Path], code: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PYTHONPATH"] = os.pathsep.join(map(str, pythonpath))
+    return subprocess.run([sys.executable, "-c", code], env=env, cwd=cwd, capture_output=True, text=True)
+
+
+def test_sitecustomize_forces_the_flag_in_the_process_and_its_children(tmp_path: Path) -> None:
+    fake = fake_torch(tmp_path / "fake")
+    hook = tmp_path / "force_on"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(peer.SITECUSTOMIZE)
+    assert run_with([fake], CHILD, tmp_path).stdout.split() == ["False", "False"]  # the control
+    proc = run_with([hook, fake], CHILD, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["True", "True"]
+    # other modules load as usual
+    assert run_with([hook, fake], "import json, torch; print(torch.__version__)", tmp_path).stdout.strip() == "0.0"
+
+
+def test_probe_plugin_records_torch_and_flag(tmp_path: Path) -> None:
+    fake = fake_torch(tmp_path / "fake")
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    (probe / f"{peer.PROBE_PLUGIN}.py").write_text(peer.PROBE)
+    proc = run_with([probe, fake], f"import {peer.PROBE_PLUGIN} as p, json; print(json.dumps(p.probe()))", tmp_path)
+    got = json.loads(proc.stdout)
+    assert Path(got["torch"]) == fake / "torch/__init__.py" and got["flag"] is False
+    peer.check_probe("off", got, fake, tmp_path / "overlay", "the test")
+    with pytest.raises(SeriesError, match="expected .* with True"):
+        peer.check_probe("on", got, fake, tmp_path / "overlay", "the test")
+    with pytest.raises(SeriesError, match="imported torch from"):
+        peer.check_probe("pristine", got, fake, tmp_path / "overlay", "the test")
+    peer.check_probe("pristine", {**got, "flag": None}, tmp_path / "x", fake, "the test")
+
+
+# --------------------------------------------------------------------------- where the test files come from
+
+
+def git(cwd: Path, *args: str) -> None:
+    subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True)
+
+
+def test_default_tests_from_beside_repo_or_beside_local_origin(tmp_path: Path) -> None:
+    origin = tmp_path / "a" / "main"
+    origin.mkdir(parents=True)
+    git(origin, "init", "-q")
+    with pytest.raises(SeriesError, match="no stored upstream test files") as info:
+        peer.default_tests_from(origin)
+    assert info.value.exit_code == 3  # ci/run_tests.sh reports the suite as skipped on 3 only
+    (tmp_path / "a/shared/upstream-tests/test").mkdir(parents=True)
+    assert peer.default_tests_from(origin) == tmp_path / "a/shared/upstream-tests"
+    clone = tmp_path / "b" / "clone"
+    clone.parent.mkdir()
+    git(tmp_path, "clone", "-q", str(origin), str(clone))
+    assert peer.default_tests_from(clone) == (tmp_path / "a/shared/upstream-tests").resolve()
+
+
+def test_select_files(tmp_path: Path) -> None:
+    with pytest.raises(SeriesError, match=f"{tmp_path}/test does not exist"):
+        peer.select_files(tmp_path, [])
+    for f in FILES + ["fx/helper.py"]:
+        (tmp_path / "test" / f).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "test" / f).write_text("")
+    assert peer.select_files(tmp_path, []) == sorted(FILES)
+    assert peer.select_files(tmp_path, ["test/fx/test_b.py", "dynamo/test_a.py"]) == ["fx/test_b.py",
+                                                                                        "dynamo/test_a.py"]
+    with pytest.raises(SeriesError, match="test/fx/test_gone.py does not exist"):
+        peer.select_files(tmp_path, ["test/fx/test_gone.py"])
+    (tmp_path / "torch").mkdir()  # a PyTorch checkout: name the files
+    with pytest.raises(SeriesError, match="is a PyTorch checkout: name the test files"):
+        peer.select_files(tmp_path, [])
+
+
+def test_bad_configs_are_refused(tmp_path: Path) -> None:
+    from scripts.series import Layout
+    with pytest.raises(SeriesError, match="--configs takes"):
+        peer.run_peer_tests(Layout(tmp_path), tmp_path, [], ["pristine", "flag"], [])
+
+
+def test_cli_names_a_missing_folder_or_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from scripts.series import main
+    assert main(["peer-tests", "--tests-from", str(tmp_path / "nope")]) == 2
+    assert f"{tmp_path / 'nope'}" in capsys.readouterr().err
+    (tmp_path / "tests/test").mkdir(parents=True)
+    assert main(["peer-tests", "--tests-from", str(tmp_path / "tests"), "test/fx/test_gone.py"]) == 2
+    assert f"{tmp_path}/tests/test/fx/test_gone.py does not exist" in capsys.readouterr().err
