@@ -17,6 +17,10 @@ python3 -m scripts.docs_check || status=1
 .venv/bin/python -m pytest test_suite "$@" || status=1
 python3 -m scripts.series upstream-tests || status=1
 python3 -m scripts.series upstream-tests --pytest || status=1
+# Every prefix of the series merges on its own, PR by PR (`check-prefixes --quick`): patches 1..k apply exactly to
+# pristine torch, lint clean, import with torch.fx's public API marked @compatibility, and pass the tests patch k adds
+# or changes. The full form (every test file and the related peer files at every prefix) is run by hand.
+python3 -m scripts.series check-prefixes --quick || status=1
 # The peer suite: PyTorch's own tests of the modules the series touches, pristine torch vs the series (flag off,
 # flag on), test by test. Its test files are not in the repository (../shared/upstream-tests); where none are
 # found the command exits 3 and the suite is reported as skipped, loudly, without failing the run.

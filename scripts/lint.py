@@ -38,9 +38,9 @@ Reader = Callable[[str], bytes | None]
 
 
 def series_py_files(patches: list[series.Patch]) -> tuple[list[str], list[str]]:
-    """(every .py file the series leaves under torch/ or test/, the ones it creates)."""
+    """(every .py file the series leaves under torch/, test/ or benchmarks/, the ones it creates)."""
     paths, created = series.final_paths(patches)
-    files = [p for p in paths if p.endswith(".py") and p.startswith(("torch/", "test/"))]
+    files = [p for p in paths if p.endswith(".py") and p.startswith(("torch/", "test/", "benchmarks/"))]
     return files, [p for p in files if p in created]
 
 
@@ -166,6 +166,10 @@ def readers_from_venv(venv: Path, patches: list[series.Patch], tmp: Path) -> tup
                                  "run `python3 -m scripts.series install` first")
     tests = tmp / "tests"
     series.extract_tests(patches, tests)
+    for patch in patches:  # benchmark files (pr_time_benchmarks) are new files, like the tests
+        if patch.paths("benchmarks/"):
+            subprocess.run(["git", "apply", "--include=benchmarks/*", str(patch.path.resolve())], cwd=tests,
+                           check=True, capture_output=True, env=series.isolated_env())
     pristine = sp / series.STAMP_DIR / "pristine"
 
     def patched(path: str) -> bytes | None:

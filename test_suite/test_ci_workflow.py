@@ -76,7 +76,7 @@ def test_ci_run_calls_the_readme_command_only() -> None:
 
 def test_run_tests_fails_when_a_part_fails(tmp_path: Path) -> None:
     """ci/run_tests.sh must propagate a failure of any part: setup, pytest, the upstream tests (file by
-    file or under pytest), the peer suite (but not its skip: no stored test files), the lint or the docs check; it runs everything on Python 3.11 only (.venv: no
+    file or under pytest), the prefix check, the peer suite (but not its skip: no stored test files), the lint or the docs check; it runs everything on Python 3.11 only (.venv: no
     `--python`, so no 3.10 leg)."""
     fake = tmp_path / "repo"
     (fake / "ci").mkdir(parents=True)
@@ -84,7 +84,8 @@ def test_run_tests_fails_when_a_part_fails(tmp_path: Path) -> None:
     shutil.copy(S.REPO_ROOT / "ci" / "run_tests.sh", fake / "ci" / "run_tests.sh")
     (fake / ".venv" / "bin").mkdir(parents=True)
     log = tmp_path / "series-calls"
-    names = ("setup", "pytest", "upstream-tests", "upstream-tests --pytest", "peer-tests", "lint", "docs")
+    names = ("setup", "pytest", "upstream-tests", "upstream-tests --pytest", "check-prefixes --quick", "peer-tests",
+             "lint", "docs")
     cases = [((0,) * len(names), 0)] + [(tuple(int(i == j) for j in range(len(names))), 1) for i in range(len(names))]
     # peer-tests exits 3 where no stored upstream test files exist: skipped, said loudly, not a failure
     cases.append((tuple(3 * (n == "peer-tests") for n in names), 0))
@@ -109,7 +110,7 @@ def test_run_tests_fails_when_a_part_fails(tmp_path: Path) -> None:
         # a failed setup stops the run; otherwise every part runs, on .venv's Python 3.11 only
         assert calls == ([["setup"]] if rc["setup"] else
                          [["setup"], ["upstream-tests"], ["upstream-tests", "--pytest"],
-                          ["peer-tests"]]), (rc, calls)
+                          ["check-prefixes", "--quick"], ["peer-tests"]]), (rc, calls)
         assert (b"PEER SUITE SKIPPED" in proc.stdout) == (rc["peer-tests"] == 3)
 
 

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import zipfile
 from pathlib import Path
 
@@ -161,10 +162,14 @@ def test_apply_then_apply_again_is_noop(series_layout: S.Layout, make_checkout, 
 def test_apply_finishes_a_partially_applied_series(series_layout: S.Layout, make_checkout) -> None:
     checkout = make_checkout()
     first = series_layout.patches / S.series_names(series_layout.patches)[0]
-    git(checkout, "am", "-q", "--3way", "--keep-non-patch", str(first))
+    # By hand, with a plain `git am` (as shared/hooks/before-stop does): the file's `From:` has a name and
+    # no address, which git accepts.
+    git(checkout, "am", "-q", "--3way", str(first))
+    assert authors(checkout, 1)[0].split("|")[0] == "RFC-0051 patch series <>"
     S.apply_to_checkout(series_layout, checkout)
     subjects = git(checkout, "log", "--format=%s").splitlines()
-    assert subjects.count("[dynamo] add record_call_hierarchy config") == 1
+    # (a plain `git am` drops the subject's "[dynamo] ", as git does; found by its patch-id)
+    assert [s.endswith("add record_call_hierarchy config") for s in subjects].count(True) == 1
     assert len(subjects) == 4
 
 
@@ -200,6 +205,9 @@ def test_apply_conflict_leaves_recoverable_am_state(series_layout: S.Layout, mak
         "node_10 = 'upstream'\n", "node_10 = 'upstream'  # call_hierarchy\n"))
     git(checkout, "add", "torch/fx/node.py")
     git(checkout, "am", "--continue")
+    assert git(checkout, "log", "-1", "--format=%s").strip() == "Add torch.fx.call_hierarchy"
+    # 0002 as resolved has another patch-id: its subject and message still say it is there
+    assert S.apply_to_checkout(series_layout, checkout) == 0
     assert git(checkout, "log", "-1", "--format=%s").strip() == "Add torch.fx.call_hierarchy"
 
 
@@ -1007,3 +1015,171 @@ def test_fuzz_damaged_series_never_installs_or_applies(series_layout: S.Layout, 
             S.apply_to_checkout(series_layout, checkout)
         assert tree_hashes(site_packages) == installed, what
         assert checkout_state(checkout) == state, what
+
+
+# --------------------------------------------------------------------------- issue 26: no identity in the series
+
+
+IDENTITY_VARS = [f"GIT_{role}_{key}" for role in ("AUTHOR", "COMMITTER") for key in ("NAME", "EMAIL")]
+
+
+def without_identity(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No git identity at all: none in the environment, none in any config (conftest sets GIT_CONFIG_GLOBAL
+    to /dev/null and GIT_CONFIG_NOSYSTEM)."""
+    for var in IDENTITY_VARS:
+        monkeypatch.delenv(var, raising=False)
+
+
+def authors(repo: Path, n: int) -> list[str]:
+    return git(repo, "log", f"-{n}", "--format=%an <%ae>|%cn <%ce>").splitlines()
+
+
+def test_exported_patches_carry_no_author_or_date(series_layout: S.Layout) -> None:
+    """The workspace's commits are by `Test Dev <dev@example.invalid>` (conftest): none of it is exported,
+    and the files stay byte-identical when the commits are rewritten by someone else at another time."""
+    ws = series_layout.workspace
+    assert set(git(ws, "log", "--format=%an <%ae>", "base..HEAD").splitlines()) == {"Test Dev <dev@example.invalid>"}
+    before = snapshot(series_layout)
+    for name in S.series_names(series_layout.patches):
+        data = (series_layout.patches / name).read_bytes()
+        header = data.split(b"\n\n", 1)[0].decode()
+        assert header.startswith("From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001\n"
+                                 "From: RFC-0051 patch series <>\nSubject: [PATCH]")
+        assert re.findall(r"^(?:From|Date):.*", header, re.M) == ["From: RFC-0051 patch series <>"], header
+        assert b"Test Dev" not in data and b"example.invalid" not in data
+        assert S.identity_problems(data) == []
+        patch = S.parse_patch(series_layout.patches / name)  # still a mail git reads: subject, message, diff
+        assert patch.subject and patch.changes
+    env = dict(os.environ, GIT_AUTHOR_NAME="Someone Else", GIT_AUTHOR_EMAIL="someone@else.org",
+               GIT_COMMITTER_NAME="Someone Else", GIT_COMMITTER_EMAIL="someone@else.org",
+               GIT_AUTHOR_DATE="2031-05-06T07:08:09+0200", GIT_COMMITTER_DATE="2031-05-06T07:08:09+0200")
+    subprocess.run(["git", "rebase", "-q", "--exec", "git commit -q --amend --no-edit --reset-author", "base"],
+                   cwd=ws, env=env, check=True, capture_output=True)
+    assert set(git(ws, "log", "--format=%an %ad", "base..HEAD").splitlines()) == {
+        "Someone Else Tue May 6 07:08:09 2031 +0200"}
+    S.export(series_layout)
+    assert snapshot(series_layout) == before  # byte-stable: who committed when is not in the files
+    S.export(series_layout)
+    assert snapshot(series_layout) == before
+
+
+def test_apply_commits_as_the_appliers_git_identity(series_layout: S.Layout, make_checkout,
+                                                   monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    checkout, other = make_checkout(), make_checkout("pytorch-2")  # "upstream" commits by conftest's identity
+    without_identity(monkeypatch)
+    git(checkout, "config", "user.name", "Ada Lovelace")
+    git(checkout, "config", "user.email", "ada@lovelace.org")
+    start = int(time.time())
+    S.apply_to_checkout(series_layout, checkout)
+    assert authors(checkout, 3) == ["Ada Lovelace <ada@lovelace.org>|Ada Lovelace <ada@lovelace.org>"] * 3
+    dates = [int(t) for t in git(checkout, "log", "-3", "--format=%at %ct").split()]
+    assert all(start - 1 <= t <= time.time() + 1 for t in dates), dates  # dated when applied
+    assert "as Ada Lovelace <ada@lovelace.org>" in capsys.readouterr().out
+    # --author: the commits are that person's; the committer stays the configured identity
+    git(other, "config", "user.name", "Ada Lovelace")
+    git(other, "config", "user.email", "ada@lovelace.org")
+    S.apply_to_checkout(series_layout, other, author="Grace Hopper <grace@navy.mil>")
+    assert authors(other, 3) == ["Grace Hopper <grace@navy.mil>|Ada Lovelace <ada@lovelace.org>"] * 3
+    assert git(other, "log", "-4", "--format=%s").splitlines()[-1] == "upstream"
+
+
+def test_apply_author_option_without_a_configured_identity(series_layout: S.Layout, make_checkout,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    checkout = make_checkout()
+    without_identity(monkeypatch)
+    state = checkout_state(checkout)
+    bad = run_cli(series_layout, "apply", str(checkout))
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1, bad.stderr  # one line
+    assert bad.stderr.startswith(f"error: no git identity in {checkout}")
+    assert f"git -C {checkout} config user.name" in bad.stderr and "--author" in bad.stderr
+    assert "Nothing was changed" in bad.stderr and checkout_state(checkout) == state
+    ok = run_cli(series_layout, "apply", "--author", "Grace Hopper <grace@navy.mil>", str(checkout))
+    assert ok.returncode == 0, ok.stderr
+    assert authors(checkout, 3) == ["Grace Hopper <grace@navy.mil>|Grace Hopper <grace@navy.mil>"] * 3
+
+
+@pytest.mark.parametrize("author", ["Grace Hopper", "grace@navy.mil", "<grace@navy.mil>", "Grace Hopper <grace>",
+                                    "Grace Hopper <grace@navy.mil> <x@y.z>", "Grace <grace hopper@navy.mil>", ""])
+def test_apply_refuses_a_malformed_author(series_layout: S.Layout, make_checkout, author: str) -> None:
+    checkout = make_checkout()
+    state = checkout_state(checkout)
+    with pytest.raises(S.SeriesError, match=r"--author .* is not `Name <email@host>`.*Nothing was changed"):
+        S.apply_to_checkout(series_layout, checkout, author=author)
+    assert checkout_state(checkout) == state
+    bad = run_cli(series_layout, "apply", "--author", author, str(checkout))
+    assert bad.returncode == 2 and bad.stderr.startswith("error: --author") and bad.stderr.count("\n") == 1
+    assert checkout_state(checkout) == state
+
+
+@pytest.mark.parametrize("where", ["trailer", "seed-name", "code"])
+def test_export_refuses_personal_data_or_a_placeholder_identity(series_layout: S.Layout, where: str) -> None:
+    ws = series_layout.workspace
+    before = snapshot(series_layout)
+    edit(ws / "torch/fx/node.py", "node_30 = 30\n", "node_30 = 31\n")
+    message = "[fx] renumber"
+    if where == "trailer":
+        message += "\n\nSigned-off-by: Ada Lovelace <ada@lovelace.org>"
+    elif where == "seed-name":
+        message += "\n\nCo-written with Seed 5ce6a553 maintainers."
+    else:
+        edit(ws / "torch/fx/node.py", "node_31 = 31\n",
+             "node_31 = 31  # maintainers@users.noreply.a-seed-5ce6a553.example\n")
+    git(ws, "commit", "-qam", message)
+    with pytest.raises(S.SeriesError, match=r"(?s)refusing to export: .*personal data or a placeholder identity.*"
+                                            r"0004-fx-renumber.patch: .*Nothing was changed") as err:
+        S.export(series_layout)
+    assert {"trailer": "ada@lovelace.org", "seed-name": "Seed 5ce6a553",
+            "code": "noreply"}[where] in str(err.value)
+    assert snapshot(series_layout) == before
+
+
+def test_identity_problems_and_strip_identity() -> None:
+    old = (b"From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001\n"
+           b"From: Seed 5ce6a553 maintainers\n <maintainers@users.noreply.a-seed-5ce6a553.example>\n"
+           b"Date: Mon, 23 Nov 2026 14:50:31 +0000\nSubject: [PATCH] [fx] x\n\nBody, with a seed value.\n\n"
+           b"diff --git a/f b/f\nindex 1..2 100644\n--- a/f\n+++ b/f\n@@ -1 +1 @@\n-a\n+b  # From: kept, Date: kept\n")
+    problems = S.identity_problems(old)
+    assert any("From: header" in p for p in problems) and any("Date: header" in p for p in problems)
+    assert any("Seed 5ce6a553" in p for p in problems) and any("noreply" in p for p in problems)
+    new = S.strip_identity(old)
+    assert new == (b"From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001\n"
+                   b"From: RFC-0051 patch series <>\n"
+                   b"Subject: [PATCH] [fx] x\n" + old.split(b"+0000\nSubject: [PATCH] [fx] x\n", 1)[1])
+    assert S.identity_problems(new) == [] and S.strip_identity(new) == new
+    mail = S.with_author(old, "Jöhn Dœ", "john@doe.org")
+    assert mail.split(b"\n")[1] == b"From: =?utf-8?b?SsO2aG4gRMWT?= <john@doe.org>"
+    assert b"Date:" not in mail.split(b"\n\n", 1)[0] and mail.endswith(b"+b  # From: kept, Date: kept\n")
+
+
+def test_patches_of_an_older_export_still_work_and_lose_their_identity(series_layout: S.Layout, make_checkout,
+                                                                        site_packages: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """patches/ as an export before issue 26 wrote it (From:/Date: of a placeholder identity): read, installed and
+    applied as the applier; `workspace --force` + `export` rewrites them without it."""
+    pdir = series_layout.patches
+    names = S.series_names(pdir)
+    for name in names:
+        data = (pdir / name).read_bytes()
+        first, rest = data.split(b"\n", 1)
+        (pdir / name).write_bytes(first + b"\nFrom: Seed 5ce6a553 maintainers\n <maintainers@users.noreply.a-seed-"
+                                  b"5ce6a553.example>\nDate: Mon, 23 Nov 2026 14:50:31 +0000\n" + rest)
+    S.write_integrity(pdir, names)
+    series = S.load_series(pdir)
+    assert [p.subject for p in series][0] == "[dynamo] add record_call_hierarchy config"
+    assert S.install(site_packages, series, "2.13.0").startswith("installed series")
+    checkout = make_checkout()
+    without_identity(monkeypatch)
+    git(checkout, "config", "user.name", "Ada Lovelace")
+    git(checkout, "config", "user.email", "ada@lovelace.org")
+    S.apply_to_checkout(series_layout, checkout)
+    assert authors(checkout, 3) == ["Ada Lovelace <ada@lovelace.org>|Ada Lovelace <ada@lovelace.org>"] * 3
+    assert S.apply_to_checkout(series_layout, checkout) == 0  # already there: found by patch-id
+    S.build_workspace(series_layout, force=True)  # no identity configured: the neutral one, never exported
+    assert set(authors(series_layout.workspace, 3)) == {f"{S.BOT['name']} <{S.BOT['email']}>|"
+                                                        f"{S.BOT['name']} <{S.BOT['email']}>"}
+    S.export(series_layout)
+    for name in names:
+        data = (pdir / name).read_bytes()
+        assert S.identity_problems(data) == [] and b"Seed" not in data and S.BOT["email"].encode() not in data
+    S.load_series(pdir)
+

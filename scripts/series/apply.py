@@ -1,15 +1,20 @@
 """`apply`: put the series onto a PyTorch checkout with `git am --3way`, after verifying the series
 and that the checkout is a PyTorch checkout at or near the base; every refusal happens before
-`git am` and leaves the checkout as it was."""
+`git am` and leaves the checkout as it was. The commits are the applier's: authored and committed as
+their git identity in the checkout (or `--author`), dated when they are applied."""
 
 from __future__ import annotations
 
 import re
 import subprocess
+import tempfile
 from pathlib import Path
 
-from .git import Layout, SeriesConflict, SeriesError, git, git_dir, isolated_env, operation_in_progress, user_env
-from .patches import Patch, load_series
+from .git import (
+    BOT, Layout, SeriesConflict, SeriesError, configured_identity, git, git_dir, isolated_env, operation_in_progress,
+    parse_identity, user_env,
+)
+from .patches import PLACEHOLDER_RES, Patch, load_series, normalize_message, with_author
 
 def failed_paths(git_output: str) -> list[str]:
     """Paths that `git apply`/`git am` name in their error lines."""
@@ -40,21 +45,32 @@ def am_failure_report(repo: Path, remaining: list[Patch], stderr: str, total: in
             f"To give up: `git -C {repo} am --abort` returns the checkout to where it was before.")
 
 
-def run_am(repo: Path, series: list[Patch], env: dict[str, str], total: int) -> None:
-    proc = git(repo, "am", "--3way", "--keep-non-patch", *[str(p.path.resolve()) for p in series],
-               check=False, env=env)
+def run_am(repo: Path, series: list[Patch], env: dict[str, str], total: int,
+           author: tuple[str, str] | None = None) -> None:
+    """`git am --3way` the series onto repo, each commit authored by author (name, email; default: the
+    workbench's neutral BOT) and dated now: the patch files carry no author or date (an older file's
+    are replaced), so each is handed to `git am` as a mail from author."""
+    name, email = author or (BOT["name"], BOT["email"])
+    with tempfile.TemporaryDirectory(prefix="series-am-") as tmp:
+        mails = []
+        for i, patch in enumerate(series):
+            mail = Path(tmp) / f"{i:04d}-{patch.name}"
+            mail.write_bytes(with_author(patch.path.read_bytes(), name, email))
+            mails.append(str(mail))
+        proc = git(repo, "am", "--3way", "--keep-non-patch", *mails, check=False, env=env)
     if proc.returncode != 0:
         raise SeriesConflict(am_failure_report(repo, series, proc.stderr + proc.stdout, total))
 
 
-def history_ids(repo: Path, rev_args: list[str]) -> tuple[set[str], set[tuple[str, str, int]]]:
-    """patch-ids and (subject, author, date) of the commits in rev_args."""
+def history_ids(repo: Path, rev_args: list[str]) -> tuple[set[str], set[tuple[str, str]]]:
+    """patch-ids and (subject, message body) of the commits in rev_args."""
     log = git(repo, "-c", "diff.noprefix=false", "-c", "diff.mnemonicPrefix=false", "log", "-p", "--no-renames",
               "--no-merges", "--no-color", "--no-ext-diff", "--no-textconv", *rev_args).stdout
     pid = git(repo, "patch-id", "--stable", stdin=log).stdout
     ids = {line.split()[0] for line in pid.splitlines() if line.strip()}
-    meta = git(repo, "log", "--no-merges", "--format=%s%x00%an <%ae>%x00%at", *rev_args).stdout
-    keys = {(s.strip(), a, int(t)) for s, a, t in (ln.split("\0") for ln in meta.splitlines() if ln)}
+    meta = git(repo, "log", "--no-merges", "--format=%s%x00%b%x01", *rev_args).stdout
+    keys = {(s.strip(), normalize_message(b)) for s, b in (rec.split("\0", 1) for rec in meta.split("\x01")
+                                                            if "\0" in rec)}
     return ids, keys
 
 
@@ -69,12 +85,13 @@ def applied_prefix(repo: Path, series: list[Patch], upstream: str) -> int:
     has_base = git(repo, "merge-base", "--is-ancestor", upstream, "HEAD", check=False).returncode == 0
     rev_args = [f"{upstream}..HEAD"] if has_base else ["-n", str(max(200, 3 * len(series))), "HEAD"]
     ids, keys = history_ids(repo, rev_args)
-    present = [patch_id(p) in ids or (p.subject, p.author, int(p.date)) in keys for p in series]
+    present = [patch_id(p) in ids or (p.subject, p.message) in keys for p in series]
     k = present.index(False) if False in present else len(present)
     if any(present[k:]):
         found = ", ".join(p.name for p, yes in zip(series, present) if yes)
         raise SeriesError(f"{repo} already has some patches of the series but not as a leading run ({found}); "
-                          "apply the missing ones by hand with `git am --3way`")
+                          "apply the missing ones by hand (`git apply --3way PATCH`, then `git commit`), or "
+                          "reset the checkout to the base and run `apply` again")
     return k
 
 
@@ -117,8 +134,22 @@ def check_target(repo: Path, series: list[Patch], upstream: str, torch_version: 
                           f"base first: git -C {repo} fetch origin {upstream} && git -C {repo} checkout -b rfc0051 {upstream}")
 
 
-def apply_to_checkout(layout: Layout, checkout: Path) -> int:
+def applier(repo: Path, author: str | None) -> tuple[str, str]:
+    """Whom the commits are from: --author, else the git identity configured in repo (one-line error)."""
+    if author is not None:
+        return parse_identity(author)
+    found = configured_identity(repo)
+    if found is None:
+        raise SeriesError(f"no git identity in {repo} to write the commits as; set yours: git -C {repo} config "
+                          f"user.name 'Your Name' && git -C {repo} config user.email you@your.domain (or pass "
+                          "--author 'Your Name <you@your.domain>'). Nothing was changed.")
+    return found
+
+
+def apply_to_checkout(layout: Layout, checkout: Path, author: str | None = None) -> int:
     checkout = checkout.resolve()
+    if author is not None:
+        parse_identity(author)  # a malformed --author is refused before anything else
     if not checkout.is_dir() or git(checkout, "rev-parse", "--git-dir", check=False).returncode != 0:
         raise SeriesError(f"{checkout} is not a git checkout")
     repo = Path(git(checkout, "rev-parse", "--show-toplevel").stdout.strip())
@@ -139,12 +170,16 @@ def apply_to_checkout(layout: Layout, checkout: Path) -> int:
     if done == len(series):
         print(f"{repo} already has all {len(series)} patch(es) of the series; nothing to do")
         return 0
+    name, email = applier(repo, author)
     if done:
         print(f"{repo} already has the first {done} patch(es); applying the remaining {len(series) - done}")
     if git(repo, "merge-base", "--is-ancestor", upstream, "HEAD", check=False).returncode != 0:
         print(f"note: HEAD of {repo} does not contain the base commit {upstream[:12]}; relying on 3-way merges")
+    if any(rx.search(f"{name} <{email}>") for rx in PLACEHOLDER_RES):
+        print(f"note: {name} <{email}> looks like a placeholder identity; a CLA check will refuse commits by it "
+              f"(pass --author, or set user.name and user.email in {repo})")
     head = git(repo, "rev-parse", "HEAD").stdout.strip()
-    run_am(repo, series[done:], user_env(repo), len(series))
-    print(f"applied {len(series) - done} patch(es) to {repo} on top of {head[:12]} "
+    run_am(repo, series[done:], user_env(repo, (name, email)), len(series), (name, email))
+    print(f"applied {len(series) - done} patch(es) to {repo} on top of {head[:12]} as {name} <{email}> "
           f"(to undo: git -C {repo} reset --keep {head[:12]})")
     return 0

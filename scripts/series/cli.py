@@ -41,6 +41,8 @@ def parser() -> argparse.ArgumentParser:
     sub.add_parser("export", help="regenerate patches/ (and patches/integrity.json) from the workspace")
     a = sub.add_parser("apply", help="git am --3way the series onto a PyTorch checkout")
     a.add_argument("checkout", type=Path)
+    a.add_argument("--author", metavar="'NAME <EMAIL>'", default=None,
+                   help="write the commits as this person (default: your git identity in CHECKOUT)")
     for name in ("install", "status"):
         p = sub.add_parser(name, help="patch the venv's torch" if name == "install" else "state of the venv's torch")
         p.add_argument("--venv", type=Path, default=None, help="default: .venv in the repository root")
@@ -77,6 +79,15 @@ def parser() -> argparse.ArgumentParser:
     pt.add_argument("--venv", type=Path, default=None, help="default: .venv")
     pt.add_argument("files", nargs="*", help="test files under DIR/test (default: every test_*.py of a stored "
                     "folder; a PyTorch checkout must name them)")
+    cp = sub.add_parser("check-prefixes", help="every prefix 1..k of the series, on pristine torch: applies, lints, "
+                        "imports (torch.fx public API), passes its upstream tests and related peer files")
+    cp.add_argument("--quick", action="store_true", help="CI form: apply, lint, import + API, and only the tests each "
+                    "patch adds or changes; no peer files")
+    cp.add_argument("--through", metavar="PATCH", default=None, help="check prefixes up to PATCH only")
+    cp.add_argument("--tests-from", type=Path, default=None, help="the peer files' folder (as peer-tests)")
+    cp.add_argument("--venv", type=Path, default=None, help="default: .venv")
+    cp.add_argument("--keep-going", action="store_true", help="check the later prefixes after a failing one (unless "
+                    "it does not apply)")
     return ap
 
 
@@ -89,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     elif args.cmd == "export":
         export(layout)
     elif args.cmd == "apply":
-        return apply_to_checkout(layout, args.checkout)
+        return apply_to_checkout(layout, args.checkout, args.author)
     elif args.cmd in ("install", "status"):
         sp = args.site_packages or site_packages(args.venv or layout.venv)
         pinned = layout.base()["torch_version"]
@@ -126,6 +137,10 @@ def run(args: argparse.Namespace) -> int:
         extra = (["-k", args.keyword] if args.keyword else []) + shlex.split(args.pytest_args)
         return run_peer_tests(layout, args.tests_from, args.files, [c for c in args.configs.split(",") if c],
                               extra, args.venv.absolute() if args.venv else None)
+    elif args.cmd == "check-prefixes":
+        from .prefixes import check_prefixes
+        return check_prefixes(layout, args.through, args.quick, args.venv.absolute() if args.venv else None,
+                              args.tests_from, args.keep_going)
     return 0
 
 

@@ -13,7 +13,10 @@ import zipfile
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent
-BOT = {"name": "RFC-0051 workbench", "email": "workbench@example.invalid"}
+# The identity of commits that no person wrote: the synthesized base of `workspace` and the scratch
+# repositories of `install`, `radar`, `upstream-tests`, and the workspace's patch commits where the user
+# has no git identity. Never exported: `export` writes no author (patches.strip_identity).
+BOT = {"name": "RFC-0051 workbench", "email": "workbench@localhost"}
 FIXED_DATE = "2000-01-01T00:00:00+0000"
 BINARY_SUFFIXES = {".so", ".a", ".dylib", ".dll", ".lib", ".pyd", ".pt", ".ptl", ".whl", ".pkl"}
 SKIP_PREFIXES = ("torch/include/", "torch/lib/", "torch/share/", "torch/bin/")
@@ -83,11 +86,42 @@ def git(cwd: Path, *args: str, check: bool = True, env: dict[str, str] | None = 
     return proc
 
 
-def user_env(repo: Path) -> dict[str, str]:
-    """The user's own git environment, with a fallback committer if they have none configured."""
+IDENTITY_RE = re.compile(r"^\s*([^<>\n]*[^<>\s][^<>\n]*?)\s*<([^<>\s@]+@[^<>\s@]+)>\s*$")
+
+
+def parse_identity(value: str) -> tuple[str, str]:
+    """(name, email) of `Name <email@host>`; SeriesError on anything else (for `apply --author`)."""
+    m = IDENTITY_RE.match(value)
+    if not m:
+        raise SeriesError(f"--author {value!r} is not `Name <email@host>`; give it as --author 'Your Name "
+                          "<you@your.domain>' (the name you sign your commits with). Nothing was changed.")
+    return m.group(1), m.group(2)
+
+
+def configured_identity(repo: Path, role: str = "author") -> tuple[str, str] | None:
+    """The identity git would give a commit made in repo, as (name, email), only where the user set one:
+    GIT_AUTHOR_NAME/GIT_AUTHOR_EMAIL (committer: GIT_COMMITTER_*), else `author.*` (`committer.*`), else
+    `user.name`/`user.email` from repo's git config (local, global, system). None when either is unset:
+    git's guess from the host name is no identity to put on a contribution."""
     env = dict(os.environ, LC_ALL="C", GIT_TERMINAL_PROMPT="0")
-    if git(repo, "var", "GIT_COMMITTER_IDENT", check=False, env=env).returncode != 0:
-        env.update(GIT_COMMITTER_NAME=BOT["name"], GIT_COMMITTER_EMAIL=BOT["email"])
+    found = []
+    for key in ("name", "email"):
+        value = os.environ.get(f"GIT_{role.upper()}_{key.upper()}", "").strip()
+        for section in (role, "user"):
+            if not value:
+                value = git(repo, "config", "--get", f"{section}.{key}", check=False, env=env).stdout.strip()
+        found.append(value)
+    return (found[0], found[1]) if all(found) else None
+
+
+def user_env(repo: Path, author: tuple[str, str]) -> dict[str, str]:
+    """The user's own git environment for `git am` in repo: the commits' dates are now (a GIT_*_DATE of
+    the caller's is dropped); the committer is the user's configured one, else the author."""
+    env = dict(os.environ, LC_ALL="C", GIT_TERMINAL_PROMPT="0")
+    for var in ("GIT_AUTHOR_DATE", "GIT_COMMITTER_DATE"):
+        env.pop(var, None)
+    name, email = configured_identity(repo, "committer") or author
+    env.update(GIT_COMMITTER_NAME=name, GIT_COMMITTER_EMAIL=email)
     return env
 
 

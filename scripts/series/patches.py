@@ -4,6 +4,11 @@
 `diff --git` sections, and per section the path(s) with the pre- and post-image blob ids of its
 `--full-index` `index` line. Every command verifies it before touching anything, so a patch that is
 truncated (even exactly between two sections), edited by hand or damaged is refused by name.
+
+A patch file carries no author and no date: `export` writes the mail with `From: RFC-0051 patch series <>`
+(no address: `git am` needs a name) and no `Date:` (strip_identity), and refuses one with an identity or a
+placeholder address (identity_problems); `apply` gives each commit its applier's identity (with_author).
+Files of an older export that still carry an author are read all the same.
 """
 
 from __future__ import annotations
@@ -42,8 +47,7 @@ class FileChange:
 class Patch:
     path: Path
     subject: str
-    author: str
-    date: float
+    message: str  # the commit message after the subject (git mailinfo's), stripped
     changes: tuple[FileChange, ...]
 
     @property
@@ -105,6 +109,7 @@ def parse_patch(path: Path) -> Patch:
         if info.returncode != 0:
             raise SeriesError(f"patch {path} has an unreadable mail header: {info.stderr.decode(errors='replace').strip()}")
         fields = dict(line.split(": ", 1) for line in info.stdout.decode("utf-8", "replace").splitlines() if ": " in line)
+        message = Path(f"{tmp}/msg").read_bytes().decode("utf-8", "replace")
         check = subprocess.run(["git", "apply", "--numstat", f"{tmp}/diff"], capture_output=True, text=True,
                                cwd=tmp, env=isolated_env(False))
     if not fields.get("Subject"):
@@ -114,12 +119,87 @@ def parse_patch(path: Path) -> Patch:
     changes = parse_changes(text)
     if not changes:
         raise SeriesError(f"patch {path} contains no diff")
-    try:
-        date = email.utils.parsedate_to_datetime(fields["Date"]).timestamp() if fields.get("Date") else 0.0
-    except (TypeError, ValueError) as exc:
-        raise SeriesError(f"patch {path} has an unreadable Date header: {fields['Date']!r}") from exc
-    return Patch(path, fields["Subject"].strip(), f"{fields.get('Author', '')} <{fields.get('Email', '')}>",
-                 date, tuple(changes))
+    return Patch(path, fields["Subject"].strip(), normalize_message(message), tuple(changes))
+
+
+def normalize_message(message: str) -> str:
+    """A commit message body as `git am` leaves it, for comparing: trailing blanks and blank lines dropped."""
+    return "\n".join(line.rstrip() for line in message.strip().splitlines())
+
+
+# --------------------------------------------------------------------------- identity (no author in patches/)
+
+
+IDENTITY_HEADERS = ("from", "date", "sender", "reply-to", "to", "cc")
+# The `From:` line of an exported patch: `git am` refuses a mail without an author name, so the series
+# names itself, with no address (no person, nothing a CLA check could match); `apply` replaces it with the
+# applier's identity (with_author).
+UNATTRIBUTED = b"From: RFC-0051 patch series <>"
+# Addresses and names that stand in for a person: reserved domains (RFC 2606/6761), no-reply forwarders,
+# and the seed repository's maintainers ("Seed 5ce6a553 maintainers").
+PLACEHOLDER_RES = (
+    re.compile(r"@(?:[\w-]+\.)*(?:[\w-]+\.(?:example|invalid)|example\.(?:com|org|net))\b", re.I),
+    re.compile(r"example\.invalid|noreply", re.I),
+    re.compile(r"\bSeed [0-9a-f]{6,}\b"),
+)
+ADDRESS_RE = re.compile(r"<[^<>\s]*@[^<>\s]*>|^[\w-]+-by:.*@.*$", re.M | re.I)
+
+
+def split_mail(data: bytes) -> tuple[bytes, bytes, bytes]:
+    """(the mail header with its leading `From <sha> <date>` line, the message up to the first
+    `diff --git`, the diff)."""
+    end = data.find(b"\n\n")
+    header, rest = (data, b"") if end < 0 else (data[: end + 1], data[end + 1:])
+    diff = re.search(rb"^diff --git ", rest, re.M)
+    return (header, rest, b"") if diff is None else (header, rest[: diff.start()], rest[diff.start():])
+
+
+def strip_identity(data: bytes) -> bytes:
+    """The patch without its identity header fields (`From: name <email>`, `Date:` and the other address
+    fields, each with its folded continuation lines), `From:` replaced by UNATTRIBUTED; the mbox
+    `From <sha> <date>` line, the Subject, the message and the diff stay byte for byte."""
+    header, message, diff = split_mail(data)
+    lines = header.splitlines(keepends=True)
+    kept: list[bytes] = lines[:1]
+    dropping = False
+    for line in lines[1:]:
+        if line[:1] in (b" ", b"\t"):  # a folded continuation of the field above
+            if not dropping:
+                kept.append(line)
+            continue
+        name = line.split(b":", 1)[0].strip().lower().decode("ascii", "replace")
+        dropping = b":" in line and name in IDENTITY_HEADERS
+        if not dropping:
+            kept.append(line)
+    kept.insert(1, UNATTRIBUTED + b"\n")
+    return b"".join(kept) + message + diff
+
+
+def with_author(data: bytes, name: str, email_address: str) -> bytes:
+    """The patch as a mail from name <email_address> (what `git am` takes the author from), with no
+    Date (so the commit's date is when it is applied)."""
+    stripped = strip_identity(data)
+    sender = email.utils.formataddr((name, email_address), charset="utf-8")
+    return stripped.replace(UNATTRIBUTED, b"From: " + sender.encode("utf-8"), 1)
+
+
+def identity_problems(data: bytes) -> list[str]:
+    """What in a patch file names a person or a stand-in for one: identity header fields, e-mail
+    addresses in the header or message (`Signed-off-by: ... <...>`), placeholder addresses and names
+    anywhere in the file. Empty: the file is free of them."""
+    header, message, _ = split_mail(data)
+    text = data.decode("utf-8", "surrogateescape")
+    problems = []
+    for line in header.decode("utf-8", "surrogateescape").splitlines()[1:]:
+        field = line.split(":", 1)[0].strip()
+        if ":" in line and field.lower() in IDENTITY_HEADERS and line.encode() != UNATTRIBUTED:
+            problems.append(f"a {field}: header ({line.strip()[:60]!r})")
+    for m in ADDRESS_RE.finditer((header + message).decode("utf-8", "surrogateescape")):
+        problems.append(f"an e-mail address in its header or message ({m.group(0).strip()[:60]!r})")
+    for rx in PLACEHOLDER_RES:
+        for m in rx.finditer(text):
+            problems.append(f"a placeholder identity on line {text.count(chr(10), 0, m.start()) + 1} ({m.group(0)!r})")
+    return list(dict.fromkeys(problems))
 
 
 def series_names(patches_dir: Path) -> list[str]:

@@ -1,5 +1,6 @@
 """`workspace` (import the series into build/workspace: base commit + one commit per patch) and
-`export` (regenerate patches/ and patches/integrity.json from it, byte-stable)."""
+`export` (regenerate patches/ and patches/integrity.json from it, byte-stable, with no author or date:
+whoever committed in the workspace, the files are the same and name no one)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,12 @@ from pathlib import Path
 
 from .apply import run_am
 from .git import (
-    Layout, SeriesError, commit_all, extract_wheel_sources, find_wheel, git, init_repo, isolated_env,
-    operation_in_progress,
+    BOT, Layout, SeriesError, commit_all, configured_identity, extract_wheel_sources, find_wheel, git, init_repo,
+    isolated_env, operation_in_progress,
 )
-from .patches import INTEGRITY, load_series, series_names, verify_postimages, write_integrity
+from .patches import (
+    INTEGRITY, identity_problems, load_series, series_names, strip_identity, verify_postimages, write_integrity,
+)
 
 FORMAT_PATCH_FLAGS = [
     "--zero-commit", "--no-signature", "--full-index", "--no-stat", "--no-numbered",
@@ -83,7 +86,10 @@ def build_workspace(layout: Layout, checkout: Path | None = None, wheel: Path | 
     git(ws, "config", "series.upstream", base["commit"])
     git(ws, "config", "series.exported", base_sha)
     if series:
-        run_am(ws, series, isolated_env(), len(series))
+        # the patch commits are the user's (their git identity, else the neutral BOT); never exported
+        name, email = configured_identity(ws) or (BOT["name"], BOT["email"])
+        run_am(ws, series, dict(isolated_env(), GIT_COMMITTER_NAME=name, GIT_COMMITTER_EMAIL=email), len(series),
+               (name, email))
         commits = git(ws, "rev-list", "--reverse", f"{base_sha}..HEAD").stdout.split()
         verify_postimages(ws, commits, series)
     git(ws, "config", "series.exported", git(ws, "rev-parse", "HEAD").stdout.strip())
@@ -96,7 +102,10 @@ def format_patches(ws: Path, out: Path) -> list[Path]:
     if git(ws, "rev-list", "--merges", f"{base}..HEAD").stdout.strip():
         raise SeriesError(f"{ws}: the commits above the base include a merge; linearize them (git rebase) first")
     proc = git(ws, "format-patch", *FORMAT_PATCH_FLAGS, "-o", str(out), f"{base}..HEAD", env=isolated_env())
-    return [Path(line) for line in proc.stdout.splitlines() if line.strip()]
+    paths = [Path(line) for line in proc.stdout.splitlines() if line.strip()]
+    for path in paths:  # no author, no date: the files name no one and do not change with who committed when
+        path.write_bytes(strip_identity(path.read_bytes()))
+    return paths
 
 
 def export(layout: Layout) -> list[str]:
@@ -112,6 +121,13 @@ def export(layout: Layout) -> list[str]:
     with tempfile.TemporaryDirectory() as tmp:
         fresh = format_patches(ws, Path(tmp))
         names = [p.name for p in fresh]
+        refused = [f"{p.name}: {problem}" for p in fresh for problem in identity_problems(p.read_bytes())]
+        if refused:
+            raise SeriesError("refusing to export: the series would carry personal data or a placeholder identity:"
+                              "\n  - " + "\n  - ".join(refused) + "\nNothing was changed. The patch files name no "
+                              "one (`apply` makes each commit its applier's): take the address or name out of the "
+                              f"commit message or the code in {ws} (`git rebase -i base`, reword or edit), then "
+                              "export again.")
         changed = 0
         for p in fresh:
             target = pdir / p.name
