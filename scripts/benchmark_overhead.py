@@ -49,9 +49,13 @@ Measurements:
 * memory: ``tracemalloc`` bytes retained by the graph modules of one compile (held minus released),
   enabled minus disabled: per FX node and as a share of the bytes the graphs retain with the flag off.
 
+Workloads are ``torch.compile`` compiles, except the ``export`` family: a non-strict ``torch.export.export``
+(make_fx runs the model's code; ``FrameRecorder`` records), whose flag-on cost is reported beside what its
+own per-node stack_trace capture costs (``no_stack_trace`` also sets ``torch.fx.config.do_not_emit_stack_traces``).
+
 Goals (checked in overhead.md's Summary and printed): flag off vs fixes-only < 0.05% of compile
 instructions (with ``--bytecodes`` also checked on bytecodes, in bytecodes.md: the instruction counts of two
-processes differ by up to ~0.15%, more than this goal); flag on vs off <= 0.25% on every workload; flag-on
+processes differ by up to ~0.15%, more than this goal); flag on vs off <= 0.25% on every compile workload; flag-on
 memory <= 1% of the retained graphs' bytes.
 
 Writes ``overhead.md`` and ``overhead.csv`` (machine, torch version, repository commit, series hash).
@@ -208,8 +212,9 @@ def _loss(out: Any) -> Any:
 def workload_table(quick: bool) -> dict[str, dict[str, Any]]:
     t: dict[str, dict[str, Any]] = {}
 
-    def add(name: str, family: str, build: Callable[[], tuple], train: bool = False, measure: bool = True) -> None:
-        t[name] = {"family": family, "build": build, "train": train, "measure": measure}
+    def add(name: str, family: str, build: Callable[[], tuple], train: bool = False, measure: bool = True,
+            export: bool = False) -> None:
+        t[name] = {"family": family, "build": build, "train": train, "measure": measure, "export": export}
 
     if quick:  # CI: seconds each, no transformers import
         add("nested_modules_d1", "nested", lambda: _nested_modules(1, 20))
@@ -217,11 +222,14 @@ def workload_table(quick: bool) -> dict[str, dict[str, Any]]:
         add("helper_chain_d4", "chain", lambda: _helper_chain(4, 20))
         add("wide_w10", "wide", lambda: _wide(10))
         add("nested_train_d2", "train", lambda: _nested_modules(2, 8), train=True)
+        add("export_nested_d4", "export", lambda: _nested_modules(4, 20), export=True)
     else:
         ops = 60
         # Ordered by cost (most expensive first), so that parallel valgrind processes finish together.
         add("qwen2_train_l1", "train", lambda: _qwen2(1), train=True)
         add("qwen2_l1", "qwen2", lambda: _qwen2(1))
+        add("qwen2_export_l1", "export", lambda: _qwen2(1), export=True)
+        add("export_wide_w100", "export", lambda: _wide(100), export=True)
         add("wide_w100", "wide", lambda: _wide(100))
         for d in (24, 1):
             add(f"nested_modules_d{d}", "nested", lambda d=d: _nested_modules(d, ops))
@@ -267,6 +275,8 @@ class Variant:
             self.torch._dynamo.config.record_call_hierarchy = name == "enabled"
         self.tracer.create_proxy = self.proto_create_proxy if name == "prototype" else self.orig_create_proxy
         self.tracer.create_node = self.no_st_create_node if name == "no_stack_trace" else self.orig_create_node
+        # Non-strict export's tracer (make_fx) captures stack traces unless this is set.
+        self.torch.fx.config.do_not_emit_stack_traces = name == "no_stack_trace"
         self.current = name
 
 
@@ -348,6 +358,9 @@ def compile_once(spec: dict[str, Any], keep: list[Any] | None = None,
     from functorch.compile import make_boxed_func
 
     fn, args, kwargs = spec["build"]()
+    if spec.get("export"):
+        export_once(fn, args, kwargs, keep, around)
+        return
     if spec["train"]:
         for a in args:
             if a.is_floating_point():
@@ -382,6 +395,26 @@ def compile_once(spec: dict[str, Any], keep: list[Any] | None = None,
             around()
             gc.enable()
     del compiled, out, fn
+
+
+def export_once(mod: Any, args: tuple, kwargs: dict, keep: list[Any] | None,
+                around: Callable[[], Any] | None) -> None:
+    """Non-strict torch.export of `mod` (the default mode: make_fx runs the model's code, no Dynamo)."""
+    import torch
+
+    torch._dynamo.reset()
+    gc.collect()
+    if around:
+        gc.disable()
+        around()
+    try:
+        ep = torch.export.export(mod, args, kwargs, strict=False)
+    finally:
+        if around:
+            around()
+            gc.enable()
+    if keep is not None:
+        keep.append(ep.graph_module)
 
 
 def dynamo_nodes(spec: dict[str, Any]) -> int:
@@ -917,8 +950,10 @@ def derive(rows: list[dict[str, Any]]) -> None:
 
 def summary(rows: list[dict[str, Any]]) -> list[str]:
     """The goal lines of overhead.md (also printed at the end of a run)."""
-    def col(variant: str, field: str) -> list[tuple[str, float]]:
-        return [(r["workload"], v) for r in rows if r["variant"] == variant and (v := _num(r[field])) is not None]
+    def col(variant: str, field: str, export: bool | None = None) -> list[tuple[str, float]]:
+        """`export`: only the non-strict export workloads (True), only the compile ones (False), or all."""
+        return [(r["workload"], v) for r in rows if r["variant"] == variant
+                and export in (None, r["family"] == "export") and (v := _num(r[field])) is not None]
 
     out = []
     off = col("disabled", "instr_vs_baseline_pct")
@@ -940,7 +975,7 @@ def summary(rows: list[dict[str, Any]]) -> list[str]:
                    f"workloads (largest |Δ| {widest[1]:+.4f}% on {widest[0]}); {floor_txt}.")
     else:
         out.append(f"- Flag off vs fixes only (goal < {GOAL_OFF_PCT}%): no instruction counts in this run.")
-    on = col("enabled", "instr_vs_baseline_pct")
+    on = col("enabled", "instr_vs_baseline_pct", export=False)
     if on:
         worst = max(on, key=lambda t: t[1])
         verdict = "met" if all(v <= GOAL_ON_PCT for _, v in on) else "MISSED"
@@ -950,6 +985,15 @@ def summary(rows: list[dict[str, Any]]) -> list[str]:
                    + (f"; over the goal: {', '.join(over)}" if over else "") + ".")
     else:
         out.append(f"- Flag on vs off (goal <= {GOAL_ON_PCT}%): no instruction counts in this run.")
+    exported = col("enabled", "instr_vs_baseline_pct", export=True)
+    if exported:
+        no_st = dict(col("no_stack_trace", "instr_vs_baseline_pct", export=True))
+        on_per_node = dict(col("enabled", "instr_delta_per_node", export=True))
+        out.append("- **Non-strict export, flag on vs off** (no goal of its own: the same class as its per-node "
+                   "stack_trace capture): " + "; ".join(
+                       f"{n} {v:+.3f}% ({on_per_node.get(n, 0):+.0f} Ir/node"
+                       + (f"; stack_trace capture {-no_st[n]:.3f}%" if n in no_st else "") + ")"
+                       for n, v in exported) + ".")
     share = col("enabled", "mem_share_pct")
     bpn = dict(col("enabled", "mem_delta_bytes_per_node"))
     objs = dict(col("enabled", "mem_attributed_bytes_per_node"))
