@@ -989,13 +989,15 @@ def summary(rows: list[dict[str, Any]]) -> list[str]:
     if exported:
         no_st = dict(col("no_stack_trace", "instr_vs_baseline_pct", export=True))
         on_per_node = dict(col("enabled", "instr_delta_per_node", export=True))
+        mem = dict(col("enabled", "mem_share_pct", export=True))
         out.append("- **Non-strict export, flag on vs off** (no goal of its own: the same class as its per-node "
                    "stack_trace capture): " + "; ".join(
                        f"{n} {v:+.3f}% ({on_per_node.get(n, 0):+.0f} Ir/node"
-                       + (f"; stack_trace capture {-no_st[n]:.3f}%" if n in no_st else "") + ")"
+                       + (f"; stack_trace capture {-no_st[n]:.3f}%" if n in no_st else "")
+                       + (f"; memory {mem[n]:.2f}% of the program's bytes" if n in mem else "") + ")"
                        for n, v in exported) + ".")
-    share = col("enabled", "mem_share_pct")
-    bpn = dict(col("enabled", "mem_delta_bytes_per_node"))
+    share = col("enabled", "mem_share_pct", export=False)
+    bpn = dict(col("enabled", "mem_delta_bytes_per_node", export=False))
     objs = dict(col("enabled", "mem_attributed_bytes_per_node"))
     if share:
         worst = max(share, key=lambda t: t[1])

@@ -65,6 +65,20 @@ def test_goals_missed() -> None:
     assert "NO, differ on w" in text
 
 
+def test_export_workloads_are_reported_apart_from_the_compile_goal() -> None:
+    """Non-strict export has no 0.25% goal: its line gives on vs off beside its own stack_trace capture."""
+    exported = [dict(r, workload="e", family="export") for r in rows_for(off_pct=0.01, on_pct=1.0, mem_on=103_000)]
+    no_st = dict(exported[2], variant="no_stack_trace", instructions=str(round(int(exported[2]["instructions"]) * 0.9)))
+    text = summary_of(rows_for(off_pct=0.01, on_pct=0.2, mem_on=100_500) + exported + [no_st])
+    assert "**Flag on vs off** (goal <= 0.25% on every workload): met. Largest +0.2000% on w" in text
+    assert "**Non-strict export, flag on vs off** (no goal of its own" in text
+    assert "e +1.000% (+100010 Ir/node; stack_trace capture 10.000%; memory 3.00% of the program's bytes)" in text
+    assert "per node 5.0 to 5.0 B" in text
+    assert "retain): met. Largest 0.50% on w" in text
+    # Flag off does no added work in either kind of workload: both are in the off-vs-fixes goal.
+    assert "over 2 workloads" in text
+
+
 def test_goal_not_resolved_above_the_noise_floor() -> None:
     rows = rows_for(off_pct=0.01, on_pct=0.1, mem_on=100_000)
     rows[2]["instructions_repeat"] = str(round(int(rows[2]["instructions"]) * 1.0006))
@@ -129,7 +143,9 @@ def test_bad_lists_are_named() -> None:
 def test_full_workloads_are_the_chosen_set() -> None:
     full = {n for n, s in B.workload_table(quick=False).items() if s["measure"]}
     assert full == {"qwen2_l1", "qwen2_train_l1", "nested_modules_d1", "nested_modules_d24", "helper_chain_d1",
-                    "helper_chain_d24", "wide_w100"}
+                    "helper_chain_d24", "wide_w100", "qwen2_export_l1", "export_wide_w100"}
+    assert {n for n, s in B.workload_table(quick=False).items() if s["export"]} == {"qwen2_export_l1",
+                                                                                   "export_wide_w100"}
 
 
 def test_venv_folder_names_have_the_same_length() -> None:
