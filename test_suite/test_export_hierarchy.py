@@ -6,7 +6,8 @@ Needs the patched torch (``.venv``). For each family, the model is exported stri
 - every node that has an ``nn_module_stack`` has a ``call_hierarchy`` whose module entries are that stack;
 - the two modes agree: ops that correspond (the two op sequences aligned by target) and have the same
   ``nn_module_stack`` have the same ``call_hierarchy``, unless strict export's says its scope is not known;
-- ``torch.export.save``/``load`` of the non-strict program keeps every hierarchy.
+- ``torch.export.save``/``load`` of the non-strict program keeps every hierarchy;
+- with the flag off, non-strict export records nothing and exports the same program.
 """
 
 from __future__ import annotations
@@ -91,6 +92,7 @@ def exported(request: pytest.FixtureRequest) -> dict[str, Any]:
             torch._dynamo.reset()
             programs[mode] = torch.export.export(model, args, strict=mode == "strict")
     torch._dynamo.reset()
+    programs["non_strict_off"] = torch.export.export(model, args, strict=False)
     return programs
 
 
@@ -139,3 +141,11 @@ def test_non_strict_save_and_load_keep_every_hierarchy(exported: dict[str, Any])
     loaded = torch.export.load(buffer)
     assert [label(n) for n in ops(loaded)] == [label(n) for n in ops(ep)]
     assert any(n.meta["call_hierarchy"] for n in ops(ep))
+
+
+def test_non_strict_flag_off_records_nothing_and_exports_the_same_program(exported: dict[str, Any]) -> None:
+    on, off = exported["non_strict"], exported["non_strict_off"]
+    assert off.graph_module.code == on.graph_module.code
+    assert off.graph_signature == on.graph_signature
+    assert not any("call_hierarchy" in n.meta for m in off.graph_module.modules()
+                   if isinstance(m, torch.fx.GraphModule) for n in m.graph.nodes)
