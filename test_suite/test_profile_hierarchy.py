@@ -31,8 +31,9 @@ EPS_US = 0.002
 
 
 def profile(model: str, backend: str = "inductor", train: bool = False, iters: int = 2,
-            fullgraph: bool = False) -> ProfileResult:
-    """What the CLI does, through the API: compile inside the profiler, 1 warm-up, ``iters`` measured."""
+            fullgraph: bool = False, **profile_kwargs: Any) -> ProfileResult:
+    """What the CLI does, through the API: compile inside the profiler, 1 warm-up, ``iters`` measured
+    (``profile_kwargs``: for ``hp.profile``)."""
     torch._dynamo.reset()
     workload = models.build(model)
     module = workload.model
@@ -53,7 +54,7 @@ def profile(model: str, backend: str = "inductor", train: bool = False, iters: i
         else:
             compiled = torch.compile(module, backend=hp.backend(backend), fullgraph=fullgraph)
         step(compiled)
-        with hp.profile() as prof:
+        with hp.profile(**profile_kwargs) as prof:
             for _ in range(iters):
                 step(compiled)
                 prof.step()
@@ -1122,8 +1123,6 @@ def test_outside_function_told_apart_from_a_namesake() -> None:
 def test_profile_with_a_schedule_annotates_each_cycle() -> None:
     """``schedule(wait, warmup, active, repeat)``: each cycle's trace is annotated when it is ready,
     and its means are over the steps it recorded, not over every ``prof.step()``."""
-    from scripts.hierarchy_profiler.api import ProfileError
-
     plain = profile("nested", iters=2)
     torch._dynamo.reset()
     workload = models.nested()
@@ -1139,8 +1138,176 @@ def test_profile_with_a_schedule_annotates_each_cycle() -> None:
         assert [(r.iterations, r.report.graph_calls) for r in hp.results] == [(2, 2), (2, 2)]
         assert hp.result is hp.results[-1]
         assert hp.result.root.total_count == plain.root.total_count  # per iteration, as without a schedule
-        with pytest.raises(ProfileError, match="exported only once"), hp.profile(on_trace_ready=print):
-            pass
+
+
+def _kernels_by_scope(result: ProfileResult) -> list[tuple[tuple[str, ...], str]]:
+    return sorted((s.attribution.scope, s.attribution.kernel) for s in result.report.samples)
+
+
+def test_with_stack_and_record_shapes_attributed_alike() -> None:
+    """``hp.profile(with_stack=True, record_shapes=True)``, as profiler recipes do: the Python
+    function events it adds (the generated code's ``call`` around the kernel calls) are looked
+    through; every kernel gets the attribution it gets without them."""
+    plain = profile("nested", train=True, iters=1)
+    stacked = profile("nested", train=True, iters=1, with_stack=True, record_shapes=True)
+    assert any(e.get("cat") == "python_function" for e in stacked.trace["traceEvents"])
+    assert stacked.report.share >= 0.99, stacked.summary()
+    assert stacked.report.unattributed_events == 0
+    assert _kernels_by_scope(stacked) == _kernels_by_scope(plain)
+    check_tree_adds_up(stacked)
+    check_inside_scope_slices(stacked.trace)
+
+
+def test_profile_outside_with_hp_is_a_clear_error() -> None:
+    """``hp.profile()`` outside ``with hp:``: a one-line ProfileError before the profiler starts."""
+    from scripts.hierarchy_profiler.api import ProfileError
+
+    hp = CallHierarchyProfiler(models.nested().model)
+    with pytest.raises(ProfileError, match=r"hp.profile\(\) must be used inside `with hp:`") as raised, hp.profile():
+        pass
+    assert "\n" not in str(raised.value)
+    assert not torch.autograd.profiler._is_profiler_enabled
+
+
+def test_forgotten_prof_step_is_warned() -> None:
+    """Three iterations in one ``hp.profile()`` without ``prof.step()`` are one "iteration" to the
+    means: warned; not when the steps are called, nor with ``iterations=``."""
+    import warnings
+
+    torch._dynamo.reset()
+    workload = models.nested()
+    hp = CallHierarchyProfiler(workload.model)
+
+    def run(steps: bool, **kwargs: Any) -> list[str]:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with hp.profile(**kwargs) as prof:
+                for _ in range(3):
+                    compiled(*workload.args)
+                    if steps:
+                        prof.step()
+        return [str(w.message) for w in caught if "prof.step()" in str(w.message)]
+
+    with hp, torch.no_grad():
+        compiled = torch.compile(workload.model)
+        compiled(*workload.args)
+        forgotten = run(steps=False)
+        assert len(forgotten) == 1 and "iterations=N" in forgotten[0], forgotten
+        assert run(steps=True) == []
+        assert hp.result is not None and len(hp.result.root.total_steps_ns or ()) == 3  # told apart
+        assert run(steps=False, iterations=3) == []
+        assert hp.result is not None and hp.result.iterations == 3
+
+
+def test_on_trace_ready_handler_called_and_its_trace_annotated(tmp_path: Path) -> None:
+    """A user's ``on_trace_ready`` (``tensorboard_trace_handler``) is called, with and without a
+    schedule; the trace it exported is the one annotated (a second export of a profiler trace
+    fails), and ``prof.export_chrome_trace`` after the profile writes the annotated trace."""
+    torch._dynamo.reset()
+    workload = models.nested()
+    hp = CallHierarchyProfiler(workload.model)
+    with hp, torch.no_grad():
+        compiled = torch.compile(workload.model)
+        compiled(*workload.args)
+        handler = torch.profiler.tensorboard_trace_handler(str(tmp_path / "tb"), use_gzip=True)
+        with hp.profile(on_trace_ready=handler) as prof:
+            compiled(*workload.args)
+            prof.step()
+        assert len(list((tmp_path / "tb").glob("*.pt.trace.json.gz"))) == 1
+        assert hp.result is not None and hp.result.report.share >= 0.99, hp.result.summary()
+        prof.export_chrome_trace(str(tmp_path / "after.json"))
+        after = json.loads((tmp_path / "after.json").read_text())
+        assert after["callHierarchy"]["measured_iterations"] == 1
+        assert any("call_hierarchy" in e.get("args", {}) for e in after["traceEvents"])
+        schedule = torch.profiler.schedule(wait=0, warmup=1, active=1, repeat=2)
+        handler = torch.profiler.tensorboard_trace_handler(str(tmp_path / "scheduled"))
+        with hp.profile(schedule=schedule, on_trace_ready=handler) as prof:
+            for _ in range(4):
+                compiled(*workload.args)
+                prof.step()
+        assert len(list((tmp_path / "scheduled").glob("*.pt.trace.json"))) == 2
+        assert [(r.iterations, r.report.graph_calls) for r in hp.results] == [(1, 1), (1, 1)]
+        assert all(r.report.share >= 0.99 for r in hp.results)
+
+
+def _sample(scope: tuple[str, ...], kernel: str, self_us: float, start_us: float = 0.0) -> Any:
+    from scripts.hierarchy_profiler.annotate import Attribution, Sample
+
+    when = {"start_us": start_us} if start_us else {}
+    return Sample(Attribution(scope, kernel), self_us, self_us, **when)
+
+
+def test_scopes_outside_the_model_printed_beside_its_root() -> None:
+    """``torch.compile(train_step)(model, batch)``: the step function's own scope is printed beside
+    the model's root (tree, folded stacks, flame graph), not as a child of it; the model's root
+    line counts only the model's kernels."""
+    from scripts.hierarchy_profiler.output import folded_lines
+    from scripts.hierarchy_profiler.tree import build_tree, format_tree
+
+    outside = "train_step (outside the model)"
+    samples = [_sample(("Nested", "layers.0 (Block)"), "cpp_fused_a_0", 30.0),
+               _sample(("Nested", outside, "criterion (MSELoss)"), "cpp_fused_mse_1", 10.0)]
+    root = build_tree(samples, 1, "Nested")
+    lines = format_tree(root, timed=True).splitlines()[2:]
+    assert [line.split("  ")[0] for line in lines if not line.startswith(" ")] == ["Nested", outside], lines
+    model_line = next(line for line in lines if line.startswith("Nested "))
+    assert model_line.split()[1:3] == ["1", "0.030"], model_line  # the model's kernel only
+    folded = folded_lines(root, timed=False)
+    assert f"{outside};criterion (MSELoss);cpp_fused_mse_1 1" in folded, folded
+    assert not any(line.startswith(f"Nested;{outside}") for line in folded), folded
+
+
+def test_profiling_another_instance_is_warned() -> None:
+    """The profiler given one instance, another instance of the class compiled and run: a
+    one-line warning naming the class; its scopes are printed at the top level."""
+    import warnings
+
+    torch._dynamo.reset()
+    given, other = models.nested(), models.nested()
+    hp = CallHierarchyProfiler(given.model)
+    with hp, torch.no_grad():
+        compiled = torch.compile(other.model)
+        compiled(*other.args)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with hp.profile() as prof:
+                compiled(*other.args)
+                prof.step()
+    messages = [str(w.message) for w in caught if "CallHierarchyProfiler" in str(w.message)]
+    assert len(messages) == 1 and "the Nested given to CallHierarchyProfiler did not run" in messages[0], messages
+    assert "\n" not in messages[0]
+    assert hp.result is not None and hp.result.report.share >= 0.99
+    lines = hp.result.format_tree().splitlines()[2:]
+    assert any(line.startswith("Nested (outside the model) ") for line in lines), lines
+
+
+def test_median_and_spread_unmoved_by_an_outlier_iteration() -> None:
+    """Three identical layers over three iterations (``ProfilerStep#N`` ranges), one 8 ms outlier
+    in one layer's second iteration: its mean is many times its siblings', its median is theirs."""
+    from scripts.hierarchy_profiler.api import _steps_of
+    from scripts.hierarchy_profiler.tree import build_tree, format_tree
+
+    doc = {"traceEvents": [{"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{i}", "pid": 1, "tid": 1,
+                            "ts": 1000.0 * i, "dur": 999.0 if i < 3 else 10.0} for i in range(4)]}
+    samples = []
+    for step in range(3):
+        for layer in range(3):
+            slow = 8000.0 if (step, layer) == (1, 1) else 0.0
+            samples.append(_sample(("Nested", f"layers.{layer} (Block)"), "cpp_fused_0", 100.0 + slow,
+                                   1000.0 * step + 10.0 * layer))
+    steps = _steps_of(samples, doc, 3)
+    assert steps == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    assert _steps_of(samples, doc, 2) is None  # three iterations ran: not two
+    root = build_tree(samples, 3, "Nested", steps)
+    layers = [root.children[f"layers.{i} (Block)"] for i in range(3)]
+    assert layers[1].total_ns > 20 * layers[0].total_ns  # the mean
+    assert [layer.median_ns for layer in layers] == [100_000.0] * 3
+    assert layers[1].total_steps_ns == [100_000.0, 8_100_000.0, 100_000.0]
+    text = format_tree(root, timed=True)
+    assert "median ms" in text.splitlines()[0] and "total ms" in text.splitlines()[0]
+    row = next(line for line in text.splitlines() if line.strip().startswith("layers.1 (Block)")).split()
+    assert row[2:] == ["1", "2.767", "2.767", "93.3%", "0.100", "0.100", "8.100"], row
+    assert "median ms" not in format_tree(build_tree(samples, 3, "Nested"), timed=True)  # iterations not known apart
 
 
 def test_wrapper_calls_splits_bodies() -> None:
@@ -1287,6 +1454,33 @@ hp.result.save({str(tmp_path / "out")!r})
     assert (tmp_path / "out" / "trace.json").is_file()
 
 
+def test_api_from_a_script_in_another_directory(tmp_path: Path) -> None:
+    """The README's one step: ``PYTHONPATH=<clone> <clone>/.venv/bin/python my_script.py``, run from
+    the script's own directory (not the clone, no ``sys.path`` edit in the script)."""
+    (tmp_path / "my_script.py").write_text("""
+import torch
+from scripts.hierarchy_profiler import CallHierarchyProfiler
+
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+x = torch.randn(4, 8)
+hp = CallHierarchyProfiler(model)
+with hp:
+    compiled = torch.compile(model, backend=hp.backend("aot_eager"))
+    compiled(x)
+    with hp.profile() as prof:
+        compiled(x)
+        prof.step()
+print(hp.result.summary())
+hp.result.save("out")
+""")
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.run([str(REPO / ".venv" / "bin" / "python"), "my_script.py"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert attributed_share(proc.stdout) >= 99.0
+    assert (tmp_path / "out" / "trace.json").is_file()
+
+
 def test_backend_given_by_name_is_a_clear_error() -> None:
     """``torch.compile(model, backend="aot_eager")`` bypasses the capture: say so, not "ran no kernel"."""
     from scripts.hierarchy_profiler.api import ProfileError
@@ -1369,6 +1563,57 @@ def test_no_stale_outputs_and_one_line_errors(tmp_path: Path, monkeypatch: pytes
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert json.loads((out / "trace.json").read_text())["callHierarchy"]["measured_iterations"] == 1
     assert (out / "notes.txt").read_text() == "the user's file"
+
+
+USER_MODULE = ("import torch\n"
+               "def factory():\n"
+               "    return torch.nn.Sequential(torch.nn.Linear(3, 5), torch.nn.ReLU()), (torch.randn(2, 3),)\n")
+
+
+def test_cli_from_another_directory(tmp_path: Path) -> None:
+    """``scripts/main.py`` run from the user's directory: their ``module:factory`` is imported from
+    it (a ``scripts`` package of theirs does not shadow the repository's), a relative ``--out`` is
+    relative to it; the default output directory is the repository's."""
+    from scripts.hierarchy_profiler.cli import parser
+    from scripts.main import child_command
+
+    assert parser().parse_args([]).out == REPO / "build" / "profile_hierarchy"
+    (tmp_path / "mymodule.py").write_text(USER_MODULE)
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "scripts" / "__init__.py").write_text("raise ImportError('the user\'s own scripts package')\n")
+    argv, env = child_command(tmp_path, dict(os.environ))
+    assert Path(argv[0]) == REPO / ".venv" / "bin" / "python"
+    proc = subprocess.run([*argv, "--model", "mymodule:factory", "--backend", "aot_eager", "--out", "rel_out"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (tmp_path / "rel_out" / "trace.json").is_file()
+    assert not (REPO / "rel_out").exists()
+
+
+def test_train_without_parameters_and_ctrl_c_are_one_line_errors(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--train`` on a model with nothing to differentiate: a one-line error before compiling
+    (an input that requires grad makes it work); Ctrl-C during the run: exit 130, one line."""
+    (tmp_path / "free_models.py").write_text(
+        "import torch\n"
+        "def relu():\n    return torch.nn.ReLU(), (torch.randn(2, 3),)\n"
+        "def relu_grad():\n    return torch.nn.ReLU(), (torch.randn(2, 3, requires_grad=True),)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    out = tmp_path / "out"
+    assert main(["--model", "free_models:relu", "--train", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "--train" in err and "nothing to differentiate" in err and "Traceback" not in err, err
+    assert len(err.strip().splitlines()) == 1, err
+    assert main(["--model", "free_models:relu_grad", "--train", "--backend", "aot_eager", "--out", str(out)]) == 0
+    assert "-> 2 compiled graph(s)" in capsys.readouterr().out  # forward and backward
+
+    def interrupted(spec: str) -> Any:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(models, "build", interrupted)
+    assert main(["--model", "free_models:relu", "--out", str(out)]) == 130
+    err = capsys.readouterr().err
+    assert err.strip().splitlines() == ["error: interrupted (Ctrl-C); nothing was written"], err
 
 
 def test_unknown_model_is_a_clear_error() -> None:

@@ -115,6 +115,7 @@ class Sample:
     dur_us: float  # inclusive duration of the kernel call
     self_us: float  # self time of all events of the call (kernel + what it dispatched)
     device: bool = False
+    start_us: float = 0.0  # when the call started (a device kernel: its launch), to tell iterations apart
 
 
 @dataclasses.dataclass
@@ -341,7 +342,7 @@ def annotate(doc: dict[str, Any], capture: Capture) -> Report:
             attributed_self += total_self
         else:
             unattributed_events += 1
-        samples.append(Sample(att, nesting.dur[call], total_self))
+        samples.append(Sample(att, nesting.dur[call], total_self, start_us=nesting.start[call]))
 
     def as_a_whole(graph: CompiledGraph, name: str) -> Kernel:
         """A host op of a CUDA-graph replay's call (the input copy, the launch): the graph's as a whole."""
@@ -400,7 +401,7 @@ def annotate(doc: dict[str, Any], capture: Capture) -> Report:
         def match(calls: Iterable[int], matcher: _Matcher | None, within: Branch | None = None) -> None:
             """The kernel calls among ``calls`` (events of one graph call, or of a cond branch's call,
             or of a whole scan's or map's call: ``within``)."""
-            for c in calls:
+            for outer, c in _look_through_python(nesting, calls):
                 name = names[c]
                 if graph is not None and graph.branches and name.startswith(BRANCH_PREFIX):
                     b = BRANCH_RANGE.match(name)
@@ -419,13 +420,13 @@ def annotate(doc: dict[str, Any], capture: Capture) -> Report:
                         kernel = graph.repeats.get(key)  # a loop's predicate, a host scalar read
                     if kernel is None and within is not None:
                         kernel = within.own_kernel(key)  # a scan's or map's own loop
-                kernel_events.append((c, attribution(kernel, name)))
+                kernel_events.append((outer, attribution(kernel, name)))
 
         if r in replays and graph is not None:
             # The host's part of a replay (copying the inputs, the launch) is the graph's as a whole
-            for c in children[r] or ():
+            for outer, c in _look_through_python(nesting, children[r] or ()):
                 name = names[c]
-                kernel_events.append((c, attribution(as_a_whole(graph, name), name)))
+                kernel_events.append((outer, attribution(as_a_whole(graph, name), name)))
             for launch in replays[r]:
                 replay_of[launch] = (attribution, graph.kernels)
         else:
@@ -490,7 +491,7 @@ def annotate(doc: dict[str, Any], capture: Capture) -> Report:
             device_events.append((e, launched))
             dur = float(e.get("dur", 0.0))
             samples.append(Sample(dataclasses.replace(launched, kernel=launched.kernel + " [device]"), dur, dur,
-                                  device=True))
+                                  device=True, start_us=nesting.start[launcher]))
             call = launcher
             while call >= 0 and call not in graph_ranges:
                 call = parent[call]
@@ -512,6 +513,30 @@ def annotate(doc: dict[str, Any], capture: Capture) -> Report:
     events.extend(new_events)
     return Report(samples, compiled_self, attributed_self, unattributed_events, len(calls), eager, unknown_stacks,
                   uncaptured)
+
+
+def _look_through_python(nesting: _Nesting, calls: Iterable[int]) -> list[tuple[int, int]]:
+    """The calls among ``calls``, looking through the Python function events of ``with_stack=True``.
+
+    Returns ``(outer, call)`` pairs: ``call`` is the event to match (a kernel call, a branch
+    range), ``outer`` the event that is claimed for it: the outermost Python function event
+    whose only call it is (a Python wrapper around one op: its time is the call's, and the
+    scope slices then enclose the wrapper), else ``call`` itself.  A Python function event
+    around several calls (the generated code's ``call``) is neither: its own time is Python's,
+    as the graph call's range's own is without ``with_stack``.
+    """
+    out: list[tuple[int, int]] = []
+    children, cats = nesting.children, nesting.cat
+    for c in calls:
+        if cats[c] != "python_function":
+            out.append((c, c))
+            continue
+        inner = _look_through_python(nesting, children[c] or ())
+        if len(inner) == 1:
+            out.append((c, inner[0][1]))
+        else:
+            out.extend(inner)
+    return out
 
 
 def _replayed(events: list[dict[str, Any]], run: list[int], attribution: Callable[[Kernel | None, str], Attribution],

@@ -29,11 +29,14 @@ compiled before are not known (their events are reported as unattributed).  For 
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import dataclasses
 import gc
+import gzip
 import os
 import re
+import shutil
 import tempfile
 import time
 import warnings
@@ -45,8 +48,8 @@ import torch
 from torch import nn
 
 from . import jsonio
-from .annotate import Report, annotate
-from .capture import Capture, CompiledGraph
+from .annotate import GPU_CATS, Report, Sample, annotate
+from .capture import DYNAMO_RANGE, OUTSIDE_SUFFIX, Capture, CompiledGraph
 from .tree import Scope, build_tree, format_tree
 
 BACKENDS = ("inductor", "aot_eager")
@@ -244,39 +247,51 @@ class CallHierarchyProfiler:
         at least 1).  The result is in :attr:`result`.  With a ``schedule``, each trace the
         schedule completes is annotated as it is ready (:attr:`results`, one per cycle;
         :attr:`result` is the last) and times are means over the steps it recorded (its
-        ``ProfilerStep#N`` ranges).  ``on_trace_ready`` is refused: a profiler trace can be
-        exported only once, and this profiler exports it to annotate it; save the annotated
-        trace with ``hp.result.save(dir)``.
+        ``ProfilerStep#N`` ranges).  An ``on_trace_ready`` handler is called as the profiler
+        calls it; a trace it exports (``tensorboard_trace_handler``) is the one annotated, so the
+        profiler exports each trace once.  After the profile, ``prof.export_chrome_trace(path)``
+        writes the annotated trace of :attr:`result`.
         """
-        if profile_kwargs.get("on_trace_ready") is not None:
-            raise ProfileError("profile(on_trace_ready=...) is not supported: a profiler trace can be exported "
-                               "only once and the call-hierarchy profiler exports it to annotate it; read "
-                               "hp.result (hp.results: one per schedule cycle) and write it with hp.result.save(dir)")
+        if self._stack is None:
+            raise ProfileError("hp.profile() must be used inside `with hp:` (compile and run the model inside it "
+                               "too): it needs what `with hp` turns on and captures")
+        user_handler = profile_kwargs.pop("on_trace_ready", None)
         profile_kwargs.setdefault("activities", _activities())
         results: list[ProfileResult] = []
         self.results = results
         scheduled = profile_kwargs.get("schedule") is not None
         errors: list[ProfileError] = []
-        if scheduled:
-            def on_trace_ready(prof: torch.profiler.profile) -> None:
-                try:
-                    results.append(self.annotate(prof, iterations, title))
-                except ProfileError as e:  # e.g. stopped in a cycle's warm-up: its trace holds no step
-                    errors.append(e)
-                    return
-                self.result = results[-1]
+        files = _TraceFiles()
 
-            profile_kwargs["on_trace_ready"] = on_trace_ready
-        prof = torch.profiler.profile(**profile_kwargs)
-        with prof:
-            yield prof
+        def on_trace_ready(prof: torch.profiler.profile) -> None:
+            files.ready(prof, user_handler)
+            if not scheduled:
+                return  # annotated once the profiler has stopped
+            try:
+                results.append(self._annotate_file(files, iterations, title))
+            except ProfileError as e:  # e.g. stopped in a cycle's warm-up: its trace holds no step
+                errors.append(e)
+                return
+            self.result = results[-1]
+            files.annotated = self.result
+
         if not scheduled:
-            self.result = self.annotate(prof, iterations if iterations is not None else max(1, prof.step_num), title)
-            results.append(self.result)
-        elif not results:
-            why = f": {errors[-1]}" if errors else " (it stopped before an active step): run more steps"
-            raise ProfileError(f"no trace of the profiler's schedule in the {prof.step_num} step(s) run could be "
-                               f"annotated{why}")
+            profile_kwargs["schedule"] = _record_every_step
+        prof = torch.profiler.profile(on_trace_ready=on_trace_ready, **profile_kwargs)
+        with files.exporting(prof):
+            with prof:
+                yield prof
+            if not scheduled:
+                self.result = self._annotate_file(
+                    files, iterations if iterations is not None else max(1, prof.step_num), title)
+                files.annotated = self.result
+                results.append(self.result)
+                if iterations is None and prof.step_num == 0:
+                    _warn_if_unstepped(self.result)
+            elif not results:
+                why = f": {errors[-1]}" if errors else " (it stopped before an active step): run more steps"
+                raise ProfileError(f"no trace of the profiler's schedule in the {prof.step_num} step(s) run could be "
+                                   f"annotated{why}")
 
     def annotate(self, prof: torch.profiler.profile, iterations: int | None, title: str | None = None) -> ProfileResult:
         """Export ``prof``'s Chrome trace, attribute its events, build the tree.
@@ -284,25 +299,30 @@ class CallHierarchyProfiler:
         ``iterations``: how many iterations the trace holds, for the means; ``None``: its
         ``ProfilerStep#N`` ranges (a profiler with a schedule records them), else 1.
         """
+        files = _TraceFiles()
+        with files.exporting(prof):
+            return self._annotate_file(files, iterations, title)
+
+    def _annotate_file(self, files: _TraceFiles, iterations: int | None, title: str | None) -> ProfileResult:
+        """Annotate the trace ``files`` holds (exported by the profiler's export, or now)."""
         # Post-processing allocates many small objects: a process that just compiled a model
         # holds millions of objects, which full collections would scan again and again.
         enabled = gc.isenabled()
         gc.disable()
         try:
-            return self._annotate(prof, iterations, title)
+            return self._annotate(files, iterations, title)
         finally:
             if enabled:
                 gc.enable()
 
-    def _annotate(self, prof: torch.profiler.profile, iterations: int | None, title: str | None) -> ProfileResult:
+    def _annotate(self, files: _TraceFiles, iterations: int | None, title: str | None) -> ProfileResult:
+        path, export_s = files.take()
         start = time.perf_counter()
-        with tempfile.TemporaryDirectory() as tmp:
-            path = Path(tmp) / "trace.json"
-            prof.export_chrome_trace(str(path))
-            exported = time.perf_counter()
+        try:
             doc, strict = jsonio.load(path)
-        parsed = time.perf_counter()
-        timings = {"export": exported - start, "parse": parsed - exported}
+        finally:
+            path.unlink(missing_ok=True)  # read once: a schedule's cycles would pile up
+        timings = {"export": export_s, "parse": time.perf_counter() - start}
         if iterations is None:
             iterations = _recorded_steps(doc) or 1
         eager = _dynamo_eager_frames(self._counters_before)
@@ -310,8 +330,8 @@ class CallHierarchyProfiler:
         report = annotate(doc, self.capture)
         timings["attribution"] = time.perf_counter() - start
         if not report.samples:
-            graphs = _dynamo_counters()["stats"].get("unique_graphs", 0) - self._counters_before["stats"].get(
-                "unique_graphs", 0)
+            graphs = _dynamo_counters()["stats"].get("unique_graphs", 0) - self._counters_before.get(
+                "stats", {}).get("unique_graphs", 0)
             if graphs > 0 and not self.capture.graphs:
                 raise ProfileError(
                     f"Dynamo compiled {graphs} graph(s) inside `with hp`, none through the profiler: compile with "
@@ -322,8 +342,10 @@ class CallHierarchyProfiler:
             why = f"; Dynamo: {'; '.join(eager)}" if eager else ""
             raise ProfileError("the compiled graphs ran no kernel or op in the profiled iterations "
                                f"(nothing to attribute){why}")
+        _warn_if_another_instance(report, self.capture.scopes.root_label)
         start = time.perf_counter()
-        root = build_tree(report.samples, iterations, self.capture.scopes.root_label)
+        root = build_tree(report.samples, iterations, self.capture.scopes.root_label,
+                          _steps_of(report.samples, doc, iterations))
         timings["tree"] = time.perf_counter() - start
         doc["callHierarchy"] = {
             "format": "args.call_hierarchy: scope labels from the model root, outermost first",
@@ -336,6 +358,138 @@ class CallHierarchyProfiler:
         return ProfileResult(root, report, doc, iterations, self.capture.num_dynamo_graphs,
                              len(self.capture.graphs), eager, list(self.capture.graphs),
                              title or "call hierarchy profile", strict, timings)
+
+
+class _TraceFiles:
+    """The profiler's trace exports during one profile, each exported once.
+
+    ``prof.export_chrome_trace`` is wrapped: an export made while the profiler's trace is ready
+    (by a user's ``on_trace_ready`` handler, or by :meth:`take` when none exported) is the
+    profiler's own, and a copy (a hard link where it can) is kept to be annotated: the handler
+    may remove or compress its file afterwards.  An export outside that, once a trace is
+    annotated (after ``hp.profile``: the profiler's trace is already saved), writes the
+    annotated trace of :attr:`annotated`.
+    """
+
+    def __init__(self) -> None:
+        self._original: Callable[..., Any] | None = None  # the profile's own export_chrome_trace
+        self._dir = Path()
+        self._count = 0
+        self._in_handler = False
+        self._kept: Path | None = None
+        self._export_s = 0.0
+        self.annotated: ProfileResult | None = None
+
+    @contextlib.contextmanager
+    def exporting(self, prof: torch.profiler.profile) -> Iterator[None]:
+        """Wrap ``prof.export_chrome_trace``; the kept copies are removed on exit."""
+        self._original = prof.export_chrome_trace  # the bound method
+        prof.export_chrome_trace = self.export  # type: ignore[method-assign]
+        with tempfile.TemporaryDirectory(prefix="call_hierarchy-") as tmp:
+            self._dir = Path(tmp)
+            yield
+
+    def export(self, path: str, *args: Any, **kwargs: Any) -> None:
+        """``export_chrome_trace``: the profiler's export, a copy kept; or the annotated trace."""
+        if not self._in_handler and self.annotated is not None:
+            data = jsonio.dumps(self.annotated.trace, self.annotated.strict_json)
+            Path(path).write_bytes(gzip.compress(data) if str(path).endswith(".gz") else data)
+            return
+        assert self._original is not None
+        start = time.perf_counter()
+        self._original(path, *args, **kwargs)
+        self._export_s += time.perf_counter() - start
+        self._count += 1
+        kept = self._dir / f"trace{self._count}.json"
+        try:
+            os.link(path, kept)
+        except OSError:  # another file system, or no hard links there
+            shutil.copyfile(path, kept)
+        self._kept = kept
+
+    def ready(self, prof: torch.profiler.profile, handler: Callable[[Any], Any] | None) -> None:
+        """The trace is ready: call the user's ``on_trace_ready``, whose export is kept."""
+        self._kept = None
+        self._export_s = 0.0
+        if handler is None:
+            return
+        self._in_handler = True
+        try:
+            handler(prof)
+        finally:
+            self._in_handler = False
+
+    def take(self) -> tuple[Path, float]:
+        """The kept export of the ready trace (exported now if no handler did) and its seconds."""
+        if self._kept is None:
+            self._in_handler = True  # the profiler's own export of this trace
+            try:
+                self.export(str(self._dir / "export.json"))
+            finally:
+                self._in_handler = False
+            (self._dir / "export.json").unlink()  # its link is kept
+        kept, self._kept = self._kept, None
+        assert kept is not None
+        return kept, self._export_s
+
+
+def _warn_if_unstepped(result: ProfileResult) -> None:
+    """Warn when the profile seems to hold several iterations but no ``prof.step()`` was called.
+
+    Each Dynamo graph run at one module stack (``## call_hierarchy dynamo graph D @ S ##``)
+    runs once per iteration in most models: when every one ran more than once, the means
+    "per iteration" are likely sums over several.
+    """
+    runs: dict[str, int] = {}
+    for e in result.trace.get("traceEvents", ()):
+        name = e.get("name")
+        if e.get("ph") == "X" and isinstance(name, str) and DYNAMO_RANGE.match(name):
+            runs[name] = runs.get(name, 0) + 1
+    if runs and min(runs.values()) > 1:
+        warnings.warn(f"hp.profile(): no prof.step() was called, but every compiled graph of the model ran at least "
+                      f"{min(runs.values())} times: the times 'per iteration' are totals over them; call prof.step() "
+                      "once per iteration, or pass hp.profile(iterations=N)", stacklevel=4)
+
+
+def _warn_if_another_instance(report: Report, root_label: str) -> None:
+    """Warn when the graphs that ran are another instance's of the model's class, not the model's.
+
+    Dynamo graphs of a module that is not the profiled model are outside the model
+    (``HNet (outside the model)``): when nothing else ran, the profiled instance did not run.
+    """
+    label = root_label + OUTSIDE_SUFFIX
+    tops = {s.attribution.scope[1] if len(s.attribution.scope) > 1 else "" for s in report.samples}
+    if label in tops and all(top.endswith(OUTSIDE_SUFFIX) for top in tops):
+        warnings.warn(f"the {root_label} given to CallHierarchyProfiler did not run in the profile: the compiled graphs "
+                      f"that ran are another {root_label} instance's (shown as '{label}'); give the profiler the "
+                      "instance you compile and run", stacklevel=2)
+
+
+def _steps_of(samples: list[Sample], doc: dict[str, Any], iterations: int) -> list[int] | None:
+    """The measured iteration of each sample, by the ``ProfilerStep#N`` range it started in;
+    ``None`` unless the samples lie in exactly ``iterations`` such ranges."""
+    windows = sorted((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0)))
+                     for e in doc.get("traceEvents", ())
+                     if e.get("ph") == "X" and "ts" in e and e.get("cat") not in GPU_CATS
+                     and str(e.get("name", "")).startswith("ProfilerStep#"))
+    starts = [start for start, _ in windows]
+    found: list[int] = []
+    for sample in samples:
+        w = bisect.bisect_right(starts, sample.start_us) - 1
+        if w < 0 or sample.start_us > windows[w][1]:
+            return None  # outside every step
+        found.append(w)
+    used = sorted(set(found))
+    if len(used) != iterations:
+        return None
+    index = {w: i for i, w in enumerate(used)}
+    return [index[w] for w in found]
+
+
+def _record_every_step(_step: int) -> torch.profiler.ProfilerAction:
+    """torch.profiler's default (record from start to stop), as a schedule: with one it marks
+    each ``prof.step()`` with a ``ProfilerStep#N`` range, which tells the iterations apart."""
+    return torch.profiler.ProfilerAction.RECORD
 
 
 def _recorded_steps(doc: dict[str, Any]) -> int:

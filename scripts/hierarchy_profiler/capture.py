@@ -43,6 +43,7 @@ RANGE_PREFIX = "## call_hierarchy "
 DYNAMO_RANGE = re.compile(r"^## call_hierarchy dynamo graph (\d+) @ (\d+) ##$")
 GRAPH_RANGE = re.compile(r"^## call_hierarchy graph (\d+) (\w+) ##$")
 BRANCH_RANGE = re.compile(r"^## call_hierarchy branch (\S+) ##$")
+OUTSIDE_SUFFIX = " (outside the model)"  # the label of code outside the model: printed beside its root
 
 
 # --------------------------------------------------------------------------- entries
@@ -113,7 +114,9 @@ def common_prefix(hierarchies: Iterable[Hierarchy]) -> Hierarchy:
 
 @dataclasses.dataclass(frozen=True)
 class Outside:
-    """A Dynamo graph run outside the model, shown under ``label`` below the model's root."""
+    """A Dynamo graph run outside the model, under ``label`` below the model's root in the scopes
+    (the trace's ``args["call_hierarchy"]``); the tree, folded stacks and flame graph show it
+    beside the model's root (:func:`.tree.top_level`)."""
 
     label: str  # e.g. "train_step (outside the model)"
     # True: nothing of the run is the model's (an optimizer step, another model): every kernel
@@ -748,14 +751,14 @@ class Capture:
         if not isinstance(root, dict):
             return None
         if root.get("module_class") is not None:  # a module's forward: outside the model if not the model's
-            return Outside(f"{str(root['module_class']).rpartition('.')[2]} (outside the model)", whole=True)
+            return Outside(f"{str(root['module_class']).rpartition('.')[2]}{OUTSIDE_SUFFIX}", whole=True)
         module = str(root.get("module"))
         if module.startswith("torch._dynamo."):
             # Dynamo's wrapper of a torch.nn module it compiles (``nn.Sequential``: ``wrap_inline``):
             # the model's own call, though no frame of the model runs
             return None
         name = str(root.get("qualname") or root.get("name")).rpartition("<locals>.")[2]
-        label = f"{name} (outside the model)"
+        label = f"{name}{OUTSIDE_SUFFIX}"
         paths = self._model_paths(gm)
         # torch's own code that calls the model calls it for the model, not as a user's step
         # function does

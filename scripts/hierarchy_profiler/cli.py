@@ -10,7 +10,8 @@ from typing import Any, TextIO
 import torch
 
 from . import models
-from .api import BACKENDS, CallHierarchyProfiler, ProfileError, check_out
+from .api import BACKENDS, CallHierarchyProfiler, ProfileError, check_out, prepare_out
+from .tree import format_tree
 
 DESCRIPTION = """\
 Compile a model with torch._dynamo.config.record_call_hierarchy on, run it under
@@ -19,6 +20,9 @@ kernels, extern kernels and fallbacks; aot_eager's ATen ops) to the model's
 module/function call hierarchy.  Prints self/total time per scope and the share of
 compiled-region kernel time attributed; writes the profiler's own Chrome trace annotated
 with the scopes (open it in https://ui.perfetto.dev), folded stacks and a flame graph."""
+
+# the repository's build directory, wherever the command runs from
+DEFAULT_OUT = Path(__file__).resolve().parents[2] / "build" / "profile_hierarchy"
 
 
 def parser() -> argparse.ArgumentParser:
@@ -39,8 +43,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--iters", type=int, default=10, help="measured iterations (default %(default)s with --profile)")
     p.add_argument("--fullgraph", action="store_true", help="compile with fullgraph=True (no graph breaks)")
     p.add_argument("--depth", type=int, default=None, help="print the tree down to this depth (at least 1)")
-    p.add_argument("--out", type=Path, default=Path("build/profile_hierarchy"),
-                   help="output directory (default %(default)s)")
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT,
+                   help="output directory, relative to the current directory (default %(default)s)")
+    p.add_argument("--trace", type=Path, default=None, metavar="FILE",
+                   help="compile nothing: read FILE, a profiler trace in which PyTorch's inductor_trace_handler "
+                   "wrote args.call_hierarchy (any process, record_call_hierarchy and "
+                   "trace.provenance_tracking_to_timeline on), and print and write its tree, folded stacks "
+                   "and flame graph")
     return p
 
 
@@ -67,15 +76,37 @@ def validate(args: argparse.Namespace) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    try:
+        return run(parser().parse_args(argv))
+    except KeyboardInterrupt:  # Ctrl-C: the run's state is of no use, a traceback neither
+        print("error: interrupted (Ctrl-C); nothing was written", file=sys.stderr)
+        return 130
+
+
+def _trainable(workload: models.Workload) -> bool:
+    """Whether ``--train`` has something to differentiate: a parameter or an input that requires grad."""
+    inputs = (*workload.args, *workload.kwargs.values())
+    return (any(p.requires_grad for p in workload.model.parameters())
+            or any(isinstance(x, torch.Tensor) and x.requires_grad for x in inputs))
+
+
+def run(args: argparse.Namespace) -> int:
+    """The command on parsed arguments: 0, or 2 with a one-line error."""
     problem = validate(args)
     if problem is not None:
         print(f"error: {problem}", file=sys.stderr)
         return 2
+    if args.trace is not None:
+        return run_trace(args)
     try:
         workload = models.build(args.model)
     except models.ModelError as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.train and not _trainable(workload):
+        print(f"error: --train: {args.model} has no parameter that requires grad and no input that does: "
+              "nothing to differentiate (profile it without --train, or give it an input with requires_grad=True)",
+              file=sys.stderr)
         return 2
     warmup = args.warmup if args.profile else 1
     iters = args.iters if args.profile else 1
@@ -142,4 +173,36 @@ def main(argv: list[str] | None = None) -> int:
     for path in written:
         print(f"  {path}")
     print("open the trace in https://ui.perfetto.dev (or chrome://tracing), the SVG in a browser")
+    return 0
+
+
+def run_trace(args: argparse.Namespace) -> int:
+    """``--trace FILE``: the tree of a standard trace (see :mod:`.standard_trace`); writes no trace."""
+    from .output import write_flamegraph, write_folded
+    from .standard_trace import TraceError, read_trace
+
+    try:
+        profile = read_trace(args.trace)
+    except TraceError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"trace {args.trace}: kernel events annotated by inductor_trace_handler; times: the events' own "
+          f"durations, mean of {profile.iterations} iteration(s) (its ProfilerStep#N ranges)")
+    print()
+    print(format_tree(profile.root, timed=True, max_depth=args.depth, unit="kernel"))
+    print()
+    print(profile.summary())
+    print()
+    try:
+        out = prepare_out(args.out)
+        written = [out / "hierarchy.folded", out / "hierarchy_us.folded", out / "flamegraph.svg"]
+        write_folded(written[0], profile.root, timed=False)
+        write_folded(written[1], profile.root, timed=True)
+        write_flamegraph(written[2], profile.root, timed=True, title=f"call hierarchy of {args.trace.name}")
+    except (OSError, ProfileError) as e:
+        print(f"error: cannot write to {args.out}: {e}", file=sys.stderr)
+        return 2
+    print("wrote:")
+    for path in written:
+        print(f"  {path}")
     return 0

@@ -13,6 +13,7 @@ Without ``orjson`` (your own venv) everything goes through ``json``: slower, sam
 
 from __future__ import annotations
 
+import gzip
 import json
 import mmap
 import os
@@ -22,6 +23,8 @@ try:
     import orjson
 except ImportError:  # optional: the workbench's .venv has it (requirements.txt)
     orjson = None  # type: ignore[assignment]
+
+GZIP_MAGIC = b"\x1f\x8b"  # a JSON document starts with neither byte
 
 
 def loads(data: bytes | memoryview) -> tuple[Any, bool]:
@@ -35,7 +38,8 @@ def loads(data: bytes | memoryview) -> tuple[Any, bool]:
 
 
 def load(path: str | os.PathLike[str]) -> tuple[Any, bool]:
-    """:func:`loads` of the file at ``path``, mapped into memory rather than read into a copy.
+    """:func:`loads` of the file at ``path``, mapped into memory rather than read into a copy;
+    a gzip file (``tensorboard_trace_handler(use_gzip=True)``) is decompressed.
 
     With ``MAP_POPULATE`` (Linux) the kernel maps the file's pages in one call: a trace of
     tens of MB read into a new ``bytes`` costs a page fault per 4 KiB, several ms on a VM.
@@ -45,8 +49,11 @@ def load(path: str | os.PathLike[str]) -> tuple[Any, bool]:
             return loads(b"")
         populate = getattr(mmap, "MAP_POPULATE", None)
         if populate is None:  # not Linux: read it
-            return loads(f.read())
+            raw = f.read()
+            return loads(gzip.decompress(raw) if raw[:2] == GZIP_MAGIC else raw)
         with mmap.mmap(f.fileno(), 0, flags=mmap.MAP_PRIVATE | populate, prot=mmap.PROT_READ) as mapped:
+            if mapped[:2] == GZIP_MAGIC:
+                return loads(gzip.decompress(mapped))
             with memoryview(mapped) as data:
                 return loads(data)
 

@@ -6,7 +6,8 @@ import hashlib
 from pathlib import Path
 from xml.sax.saxutils import escape
 
-from .tree import Scope
+from .tree import Scope, top_level
+
 
 def _frame(label: str) -> str:
     return label.replace(";", ":")
@@ -19,7 +20,8 @@ def _ops(node: Scope, timed: bool) -> dict[str, list[float]]:
 
 def folded_lines(root: Scope, timed: bool) -> list[str]:
     """``scope;scope;kernel weight`` lines; weight = calls per iteration, or mean microseconds
-    (timed: host and device time, each device kernel a frame ``<kernel> [device]``)."""
+    (timed: host and device time, each device kernel a frame ``<kernel> [device]``).  A scope
+    outside the model starts its own stacks, beside the model's root."""
     lines: list[str] = []
 
     def visit(node: Scope, prefix: str) -> None:
@@ -30,7 +32,8 @@ def folded_lines(root: Scope, timed: bool) -> list[str]:
         for child in node.children.values():
             visit(child, stack)
 
-    visit(root, "")
+    for top in top_level(root):
+        visit(top, "")
     return lines
 
 
@@ -62,8 +65,9 @@ def write_flamegraph(path: Path, root: Scope, timed: bool, title: str) -> None:
     def depth_of(node: Scope) -> int:
         return 1 + max([depth_of(c) for c in node.children.values()] + [1 if _ops(node, timed) else 0])
 
-    total = weight_of(root) or 1.0
-    depth = depth_of(root)
+    tops = top_level(root)  # the model's root, then the scopes outside the model beside it
+    total = sum(weight_of(top) for top in tops) or 1.0
+    depth = max(depth_of(top) for top in tops)
     height = depth * ROW + 3 * PAD + 20
     scale = (WIDTH - 2 * PAD) / total
     rects: list[str] = []
@@ -93,7 +97,10 @@ def write_flamegraph(path: Path, root: Scope, timed: bool, title: str) -> None:
             visit(child, x, level + 1)
             x += weight_of(child) * scale
 
-    visit(root, PAD, 0)
+    x = float(PAD)
+    for top in tops:
+        visit(top, x, 0)
+        x += weight_of(top) * scale
     svg = (
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" '
         f'viewBox="0 0 {WIDTH} {height}" font-family="monospace" font-size="11">\n'

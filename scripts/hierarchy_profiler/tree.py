@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import statistics
 from collections.abc import Iterator, Sequence
 
 from .annotate import Sample
+from .capture import OUTSIDE_SUFFIX
 
 
 @dataclasses.dataclass
@@ -24,6 +26,11 @@ class Scope:
     self_ns: float = 0.0
     device_ns: float = 0.0  # self
     total_device_ns: float = 0.0
+    # host ns of each measured iteration, self and total (None: the iterations are not known
+    # apart, e.g. ``iterations=N`` without ``prof.step()``): one slow iteration moves the
+    # mean, not the median
+    self_steps_ns: list[float] | None = None
+    total_steps_ns: list[float] | None = None
 
     def child(self, label: str, order: int) -> Scope:
         node = self.children.get(label)
@@ -36,14 +43,45 @@ class Scope:
         for child in self.children.values():
             yield from child.walk(depth + 1)
 
+    @property
+    def median_ns(self) -> float | None:
+        """Median over the measured iterations of the scope's total host time."""
+        return statistics.median(self.total_steps_ns) if self.total_steps_ns else None
 
-def build_tree(samples: Sequence[Sample], iterations: int, root_label: str) -> Scope:
-    """Kernel calls per scope: counts per iteration and mean time per iteration (ns)."""
+
+def is_outside(scope: Scope) -> bool:
+    """A scope of code outside the model (a step function, an optimizer step, another model)."""
+    return scope.label.endswith(OUTSIDE_SUFFIX)
+
+
+def top_level(root: Scope) -> list[Scope]:
+    """The scopes printed at the top: the model's root without its ``(outside the model)``
+    children, then those (they ran outside the model, so they are not nested under it)."""
+    outside = [c for c in root.children.values() if is_outside(c)]
+    if not outside:
+        return [root]
+    model = dataclasses.replace(root, children={k: c for k, c in root.children.items() if not is_outside(c)})
+    model.total_count -= sum(c.total_count for c in outside)
+    model.total_ns -= sum(c.total_ns for c in outside)
+    model.total_device_ns -= sum(c.total_device_ns for c in outside)
+    if model.total_steps_ns is not None:
+        model.total_steps_ns = [t - sum(c.total_steps_ns[i] for c in outside if c.total_steps_ns)
+                                for i, t in enumerate(model.total_steps_ns)]
+    return [model, *outside]
+
+
+def build_tree(samples: Sequence[Sample], iterations: int, root_label: str,
+               steps: Sequence[int] | None = None) -> Scope:
+    """Kernel calls per scope: counts per iteration and mean time per iteration (ns).
+
+    ``steps``: the measured iteration (0 to ``iterations - 1``) of each sample, if known: each
+    scope then also has its time per iteration (:attr:`Scope.total_steps_ns`).
+    """
     if iterations < 1:
         raise ValueError("no measured iteration")
     root = Scope(root_label)
     order = 0
-    for sample in samples:
+    for i, sample in enumerate(samples):
         scope = sample.attribution.scope
         node = root
         for label in scope[1:] if scope and scope[0] == root_label else scope:
@@ -52,13 +90,17 @@ def build_tree(samples: Sequence[Sample], iterations: int, root_label: str) -> S
         stat = (node.device_ops if sample.device else node.ops).setdefault(sample.attribution.kernel, [0, 0])
         stat[0] += 1
         stat[1] += sample.self_us * 1000.0
+        if steps is not None and not sample.device:
+            if node.self_steps_ns is None:
+                node.self_steps_ns = [0.0] * iterations
+            node.self_steps_ns[steps[i]] += sample.self_us * 1000.0
     if not samples:
         raise ValueError("the compiled graphs ran no kernel or op in the profiled iterations")
-    _sum(root, iterations)
+    _sum(root, iterations, steps is not None)
     return root
 
 
-def _sum(node: Scope, iterations: int) -> None:
+def _sum(node: Scope, iterations: int, by_step: bool) -> None:
     for stat in (*node.ops.values(), *node.device_ops.values()):
         stat[0] /= iterations
         stat[1] /= iterations
@@ -68,25 +110,37 @@ def _sum(node: Scope, iterations: int) -> None:
     node.total_count = node.self_count
     node.total_ns = node.self_ns
     node.total_device_ns = node.device_ns
+    if by_step:
+        if node.self_steps_ns is None:
+            node.self_steps_ns = [0.0] * iterations
+        node.total_steps_ns = list(node.self_steps_ns)
     for child in node.children.values():
-        _sum(child, iterations)
+        _sum(child, iterations, by_step)
         node.total_count += child.total_count
         node.total_ns += child.total_ns
         node.total_device_ns += child.total_device_ns
+        if node.total_steps_ns is not None and child.total_steps_ns is not None:
+            node.total_steps_ns = [a + b for a, b in zip(node.total_steps_ns, child.total_steps_ns)]
 
 
 def format_tree(root: Scope, timed: bool, max_depth: int | None = None, unit: str = "op") -> str:
     """One line per scope, indented; children by total time (timed) or execution order.
 
-    Times are the host's (kernel calls and what they dispatch); where device kernels ran, a
-    last column gives the scope's total device time.
+    Times are the host's (kernel calls and what they dispatch): the mean per iteration, and,
+    where the iterations are known apart (two or more), the median, min and max over them of
+    the scope's total; where device kernels ran, a last column gives the scope's total device
+    time.  Scopes outside the model are printed beside the model's root, not below it.
     """
-    width = max(len(s.label) + 2 * d for d, s in root.walk()) + 2
+    tops = top_level(root)
+    width = max(len(s.label) + 2 * d for top in tops for d, s in top.walk()) + 2
     width = min(width, 100)
     device = timed and root.total_device_ns > 0
+    spread = timed and root.total_steps_ns is not None and len(root.total_steps_ns) > 1
     header = f"{'scope':<{width}} {unit + 's':>7}"
     if timed:
         header += f" {'total ms':>10} {'self ms':>10} {'total %':>8}"
+    if spread:
+        header += f" {'median ms':>10} {'min ms':>10} {'max ms':>10}"
     if device:
         header += f" {'device ms':>10}"
     lines = [header, "-" * len(header)]
@@ -99,6 +153,9 @@ def format_tree(root: Scope, timed: bool, max_depth: int | None = None, unit: st
         if timed:
             share = 100.0 * node.total_ns / root.total_ns if root.total_ns else 0.0
             line += f" {node.total_ns / 1e6:>10.3f} {node.self_ns / 1e6:>10.3f} {share:>7.1f}%"
+        if spread:
+            steps = node.total_steps_ns or [0.0]
+            line += f" {statistics.median(steps) / 1e6:>10.3f} {min(steps) / 1e6:>10.3f} {max(steps) / 1e6:>10.3f}"
         if device:
             line += f" {node.total_device_ns / 1e6:>10.3f}"
         lines.append(line)
@@ -107,5 +164,6 @@ def format_tree(root: Scope, timed: bool, max_depth: int | None = None, unit: st
         for child in children:
             emit(child, depth + 1)
 
-    emit(root, 0)
+    for top in tops:
+        emit(top, 0)
     return "\n".join(lines)

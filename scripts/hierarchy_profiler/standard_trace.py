@@ -1,0 +1,169 @@
+"""The scope tree of a standard profiler trace, written by any process.
+
+With ``torch._dynamo.config.record_call_hierarchy`` and
+``torch._inductor.config.trace.provenance_tracking_to_timeline`` on, PyTorch's own
+``torch._inductor.profiler.inductor_trace_handler`` (with the series' patch 0019) writes each
+compiled kernel's scope into its event: ``args["call_hierarchy"]``, a list of ``dict(entry)``,
+outermost first, relative to the frame Dynamo compiled (``args["call_hierarchy_sources"]`` for a
+kernel fused across scopes). Such a trace, from any process, is read here with no capture of
+the compile: each event that has the key is a kernel call in its scope. Device kernels count apart from the
+host's calls (``<kernel> [device]``); a host kernel call inside ``CompiledFunctionBackward``,
+or a device kernel launched from one, is marked `` (bw)``.
+
+What such a trace does not say, this profiler's own capture adds (``CallHierarchyProfiler``):
+the module stack that a graph shared by several call sites ran under (the trace has its scopes
+relative to the compiled frame), which branch of a ``cond`` ran, the eager ops of compiled
+frames, and the compiled-region time no kernel event covers.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import re
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from . import jsonio
+from .annotate import Attribution, Sample
+from .tree import Scope, build_tree
+
+# Inductor's C++ kernel events (cpp.enable_kernel_profile) are named graph_<id>_<kernel>
+_GRAPH_PREFIX = re.compile(r"^graph_\d+_")
+COMPILED_FRAME = "(compiled frame)"
+
+
+class TraceError(Exception):
+    """The trace cannot be read as a call-hierarchy profile; the message says why."""
+
+
+@dataclasses.dataclass
+class TraceProfile:
+    root: Scope
+    iterations: int
+    kernel_calls: int  # host kernel calls with a call hierarchy, all iterations
+    device_kernels: int
+    # kernel events of compiled graphs that have no call hierarchy: Inductor C++ kernels
+    # (graph_N_*) and device kernels launched inside a compiled region
+    without_hierarchy: int
+
+    def summary(self) -> str:
+        per = self.iterations
+        line = (f"{self.kernel_calls / per:g} host kernel call(s) per iteration with a call hierarchy, "
+                f"{self.device_kernels / per:g} device kernel(s), over {per} iteration(s) (scopes relative to the compiled frames)")
+        if self.without_hierarchy:
+            line += (f"\n{self.without_hierarchy} kernel event(s) of compiled graphs have no call hierarchy "
+                     "(record_call_hierarchy off when they were compiled, or kernels the handler does not match)")
+        return line
+
+
+def scope_labels(call_hierarchy: Sequence[Any]) -> tuple[str, ...]:
+    """Labels of a ``call_hierarchy`` of ``dict(entry)``s, as
+    ``torch.fx.call_hierarchy.format_call_hierarchy`` labels the entries."""
+    from torch.fx.call_hierarchy import ModuleCallEntry, call_hierarchy_from_dicts
+
+    try:
+        entries = call_hierarchy_from_dicts(call_hierarchy)
+    except (ValueError, AttributeError, TypeError) as e:
+        raise TraceError(f"an args.call_hierarchy is not a list of call_hierarchy entries: {e}") from None
+    labels = []
+    parent_path = ""
+    for entry in entries:
+        labels.append(entry.label(parent_path))
+        if isinstance(entry, ModuleCallEntry):
+            parent_path = entry.path
+    return tuple(labels)
+
+
+def _ranges(events: list[dict[str, Any]], name: str | re.Pattern[str]) -> dict[Any, list[tuple[float, float]]]:
+    """(start, end) of the complete events named ``name`` (or matching it), per thread, by start."""
+    out: dict[Any, list[tuple[float, float]]] = defaultdict(list)
+    for e in events:
+        n = e.get("name", "")
+        if e.get("ph") == "X" and (n == name if isinstance(name, str) else name.match(n)):
+            out[e.get("tid")].append((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0))))
+    for spans in out.values():
+        spans.sort()
+    return out
+
+
+def _within(spans: list[tuple[float, float]], ts: float) -> int:
+    """The index of the span that holds ``ts`` (spans do not overlap), or -1."""
+    i = bisect.bisect_right(spans, (ts, float("inf"))) - 1
+    return i if i >= 0 and spans[i][0] <= ts <= spans[i][1] else -1
+
+
+def read_trace(path: str | Path) -> TraceProfile:
+    """The scope tree of the trace at ``path`` (JSON, or gzip as ``use_gzip=True`` writes it)."""
+    try:
+        doc, _ = jsonio.load(path)
+    except (OSError, ValueError) as e:
+        raise TraceError(f"--trace {path}: cannot read a JSON trace ({e})") from None
+    events = doc.get("traceEvents") if isinstance(doc, dict) else None
+    if not isinstance(events, list):
+        raise TraceError(f"--trace {path}: not a Chrome trace (no traceEvents list)")
+    if isinstance(doc.get("callHierarchy"), dict):
+        raise TraceError(f"--trace {path} is this profiler's annotated trace.json, whose tree it printed when it "
+                         "wrote it; --trace reads a trace written by torch.profiler's on_trace_ready handlers")
+    return profile_from_events(events)
+
+
+def profile_from_events(events: list[dict[str, Any]]) -> TraceProfile:
+    """The scope tree of the events that have ``args.call_hierarchy``; iterations are the
+    ``ProfilerStep#N`` ranges that hold them (one if there are none)."""
+    steps = [span for spans in _ranges(events, re.compile(r"ProfilerStep#\d+$")).values() for span in spans]
+    steps.sort()
+    backward = _ranges(events, "CompiledFunctionBackward")
+    regions = _ranges(events, re.compile(r"Torch-Compiled Region|CompiledFunctionBackward$"))
+    # a device kernel's launch (same args.correlation) says where and when the host ran it
+    launches = {(e.get("args") or {}).get("correlation"): e for e in events
+                if e.get("ph") == "X" and e.get("cat") in ("cuda_runtime", "cuda_driver")
+                and (e.get("args") or {}).get("correlation") is not None}
+    samples: list[Sample] = []
+    step_of: list[int] = []
+    labels: dict[tuple[Any, ...], tuple[str, ...]] = {}
+    without = 0
+    for e in events:
+        if e.get("ph") != "X":
+            continue
+        args = e.get("args") or {}
+        device = e.get("cat") == "kernel"
+        host = launches.get(args.get("correlation")) if device else e
+        tid, ts = (host.get("tid"), float(host["ts"])) if host is not None else (None, float(e["ts"]))
+        hierarchy = args.get("call_hierarchy")
+        if not isinstance(hierarchy, list):
+            if _GRAPH_PREFIX.match(e.get("name", "")) or (device and _within(regions.get(tid, []), ts) >= 0):
+                without += 1
+            continue
+        key = tuple(map(str, hierarchy))
+        scope = labels.get(key)
+        if scope is None:
+            scope = labels[key] = scope_labels(hierarchy)
+        kernel = _GRAPH_PREFIX.sub("", e.get("name", ""))
+        if _within(backward.get(tid, []), ts) >= 0:
+            kernel += " (bw)"
+        if device:
+            kernel += " [device]"
+        dur = float(e.get("dur", 0))
+        samples.append(Sample(Attribution(scope, kernel), dur, dur, device, ts))
+        step_of.append(_within(steps, ts))
+    if not samples:
+        raise TraceError("no event of the trace has args.call_hierarchy: profile with "
+                         "torch._dynamo.config.record_call_hierarchy = True and "
+                         "torch._inductor.config.trace.provenance_tracking_to_timeline = True, and write the "
+                         "trace with torch._inductor.profiler.inductor_trace_handler")
+    measured = [i for i in step_of if i >= 0]
+    if steps and measured:
+        # only the steps that ran compiled kernels are iterations of the profile
+        used = sorted(set(measured))
+        index = {s: i for i, s in enumerate(used)}
+        kept = [(s, index[i]) for s, i in zip(samples, step_of) if i >= 0]
+        samples = [s for s, _ in kept]
+        iterations, by_step = len(used), [i for _, i in kept]
+    else:
+        iterations, by_step = 1, None
+    root = build_tree(samples, iterations, COMPILED_FRAME, by_step)
+    host_calls = sum(1 for s in samples if not s.device)
+    return TraceProfile(root, iterations, host_calls, len(samples) - host_calls, without)

@@ -1,0 +1,296 @@
+"""The profiler as a consumer of standard traces: PyTorch's ``inductor_trace_handler`` writes
+``args["call_hierarchy"]`` into kernel events (patch 0019), from any training script with no
+code of this project; ``--trace`` builds the tree, folded stacks and flame graph from that file."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+import torch
+
+from scripts.hierarchy_profiler.standard_trace import (
+    TraceError,
+    profile_from_events,
+    read_trace,
+)
+from scripts.hierarchy_profiler.tree import format_tree
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def scaled(x: torch.Tensor) -> torch.Tensor:
+    return torch.relu(x) * 2
+
+
+class Layer(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return scaled(self.proj(x)) + x.sin()
+
+
+class Net(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList([Layer(), Layer()])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return x.sum()
+
+
+def paths(root) -> dict[str, dict[str, float]]:
+    """Scope path -> {kernel: calls per iteration}, below the root."""
+    out = {}
+    for _, scope, path in _walk(root, ()):
+        out[" > ".join(path)] = {k: round(v[0], 6) for k, v in scope.ops.items()}
+    return out
+
+
+def _walk(node, path):
+    yield 0, node, path
+    for child in node.children.values():
+        yield from _walk(child, (*path, child.label))
+
+
+def profile_with_upstream_handler(out: Path, steps: int = 3, record: bool = True) -> Path:
+    """What a user's own training script does: flag, upstream's handler, no code of this project."""
+    from torch._inductor.profiler import inductor_trace_handler
+
+    torch._dynamo.reset()
+    model = Net()
+    x = torch.randn(4, 8, requires_grad=True)
+    with (torch._dynamo.config.patch(record_call_hierarchy=record),
+          torch._inductor.config.patch({"trace.provenance_tracking_to_timeline": True,
+                                        "cpp.enable_kernel_profile": True, "fx_graph_cache": False}),
+          torch._functorch.config.patch(enable_autograd_cache=False)):
+        compiled = torch.compile(model)
+        compiled(x).backward()
+        # PyTorch's recipe: a schedule (whose steps are ProfilerStep#N ranges in the trace)
+        schedule = torch.profiler.schedule(wait=0, warmup=1, active=steps, repeat=1)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], schedule=schedule,
+                                    on_trace_ready=inductor_trace_handler(str(out))) as prof:
+            for _ in range(steps + 1):
+                compiled(x).backward()
+                prof.step()
+    (trace,) = out.glob("*.pt.trace.json")
+    return trace
+
+
+@pytest.fixture(scope="module")
+def handler_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return profile_with_upstream_handler(tmp_path_factory.mktemp("handler"))
+
+
+def test_upstream_handler_trace_gives_the_scope_tree(handler_trace: Path) -> None:
+    doc = json.loads(handler_trace.read_text())
+    kernels = [e for e in doc["traceEvents"] if e.get("ph") == "X" and e["name"].startswith("graph_")]
+    assert kernels and all("call_hierarchy" in e["args"] for e in kernels)
+    profile = read_trace(handler_trace)
+    assert profile.iterations == 3
+    assert profile.without_hierarchy == 0
+    tree = paths(profile.root)
+    # forward and backward kernels of each layer's Linear, at the Linear (backward marked)
+    for i in (0, 1):
+        ops = tree[f"layers.{i} (Layer) > proj (Linear)"]
+        assert ops.get("aten::addmm") == 1
+        assert any(k.endswith(" (bw)") for k in ops)
+    # every kernel call of the trace is in the tree, once per iteration
+    calls = sum(sum(ops.values()) for ops in tree.values())
+    annotated = [e for e in doc["traceEvents"] if e.get("ph") == "X" and "call_hierarchy" in e.get("args", {})]
+    assert calls * profile.iterations == pytest.approx(len(annotated))
+    text = format_tree(profile.root, timed=True, unit="kernel")
+    assert "layers.1 (Layer)" in text and "median ms" in text
+
+
+def test_trace_without_call_hierarchy_is_refused(tmp_path: Path) -> None:
+    trace = profile_with_upstream_handler(tmp_path, steps=1, record=False)
+    with pytest.raises(TraceError, match="record_call_hierarchy"):
+        read_trace(trace)
+
+
+def test_bad_trace_files_are_refused(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(TraceError, match="cannot read a JSON trace"):
+        read_trace(bad)
+    bad.write_text('{"events": []}')
+    with pytest.raises(TraceError, match="no traceEvents"):
+        read_trace(bad)
+    with pytest.raises(TraceError, match="cannot read"):
+        read_trace(tmp_path / "missing.json")
+    bad.write_text('{"traceEvents": [], "callHierarchy": {}}')
+    with pytest.raises(TraceError, match="annotated trace.json"):
+        read_trace(bad)
+
+
+def test_device_kernels_count_apart_and_backward_is_marked() -> None:
+    # CUDA-shaped (no GPU needed): the handler annotates device kernels; their launch says
+    # which host thread and iteration ran them, and whether in a backward graph call
+    lin = [{"type": "module", "attr": "proj", "path": "proj", "class": "Linear",
+            "class_qualname": "torch.nn.Linear", "count": 0}]
+
+    def x(name, ts, dur, tid=1, cat="cpu_op", **args):
+        return {"ph": "X", "name": name, "cat": cat, "ts": ts, "dur": dur, "pid": 0, "tid": tid, "args": args}
+
+    events = []
+    for step, t0 in enumerate((0, 1000)):
+        events += [
+            x(f"ProfilerStep#{step}", t0, 900),
+            x("Torch-Compiled Region: 0/0", t0 + 10, 300),
+            x("cudaLaunchKernel", t0 + 20, 5, cat="cuda_runtime", correlation=10 + step),
+            x("triton_poi_fused_0", t0 + 40, 3, tid=7, cat="kernel", correlation=10 + step, call_hierarchy=lin),
+            x("CompiledFunctionBackward", t0 + 400, 300),
+            x("cudaLaunchKernel", t0 + 420, 5, cat="cuda_runtime", correlation=20 + step),
+            x("triton_poi_fused_1", t0 + 450, 2 if step == 0 else 20, tid=7, cat="kernel", correlation=20 + step,
+              call_hierarchy=lin),
+            x("triton_poi_fused_2", t0 + 460, 2, tid=7, cat="kernel", correlation=30 + step),
+        ]
+    profile = profile_from_events(events)
+    assert profile.iterations == 2
+    proj = profile.root.children["proj (Linear)"]
+    assert proj.device_ops == {"triton_poi_fused_0 [device]": [1.0, 3000.0],
+                               "triton_poi_fused_1 (bw) [device]": [1.0, 11000.0]}
+    assert profile.device_kernels == 4 and profile.kernel_calls == 0
+    # the unannotated kernel has no launch in the trace: not known to be a compiled graph's
+    assert profile.without_hierarchy == 0
+
+
+def test_cli_reads_a_trace_from_another_process(handler_trace: Path, tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "scripts.profile_hierarchy", "--trace", str(handler_trace),
+                           "--out", str(tmp_path / "out")], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert "layers.1 (Layer)" in proc.stdout and "per iteration" in proc.stdout
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
+        "flamegraph.svg", "hierarchy.folded", "hierarchy_us.folded"]
+    folded = (tmp_path / "out" / "hierarchy.folded").read_text()
+    assert "(compiled frame);layers.0 (Layer);proj (Linear);aten::addmm 1" in folded
+
+
+# --------------------------------------------------------------------------- flag off: upstream's output
+
+
+def wheel_profiler() -> ModuleType:
+    """torch 2.15.0's own torch/_inductor/profiler.py (the copy `install` keeps, checked by hash),
+    loaded beside the patched one."""
+    sp = Path(torch.__file__).resolve().parent.parent
+    stamp = json.loads((sp / ".rfc0051-series" / "stamp.json").read_text())
+    rel = "torch/_inductor/profiler.py"
+    source = (sp / ".rfc0051-series" / "pristine" / rel).read_bytes()
+    assert hashlib.sha256(source).hexdigest() == stamp["files"][rel]["pristine"]
+    spec = importlib.util.spec_from_loader("wheel_inductor_profiler", loader=None)
+    module = importlib.util.module_from_spec(spec)
+    exec(compile(source, "wheel:" + rel, "exec"), module.__dict__)  # noqa: S102 (the wheel's own file)
+    return module
+
+
+def through(module: Any, trace: dict[str, Any], kernel_info: dict[str, Any]) -> bytes:
+    from torch._inductor.debug import get_kernel_information_jsons
+
+    jsons = get_kernel_information_jsons()
+    jsons.clear()
+    jsons.update(copy.deepcopy(kernel_info))
+    try:
+        return json.dumps(module._InductorTraceProcessor().add_to_chrome_trace(copy.deepcopy(trace)),
+                          indent=1).encode()
+    finally:
+        jsons.clear()
+
+
+def cuda_shaped_trace() -> tuple[dict[str, Any], dict[str, Any]]:
+    """A compiled region launching a Triton kernel and an extern mm (flows link launches to kernels)."""
+    def x(name, cat, ts, dur, tid=1, **args):
+        return {"ph": "X", "name": name, "cat": cat, "ts": ts, "dur": dur, "pid": 0, "tid": tid, "args": args}
+
+    def flow(ph, id_, ts, tid):
+        return {"ph": ph, "id": id_, "pid": 0, "tid": tid, "ts": ts, "cat": "ac2g", "name": "ac2g"}
+
+    events = [x("Torch-Compiled Region: 0/0", "cpu_op", 0, 100), x("cudaLaunchKernel", "cuda_runtime", 10, 5),
+              flow("s", 1, 10, 1), x("triton_poi_fused_add_0", "kernel", 20, 3, tid=7), flow("f", 1, 20, 7),
+              x("aten::mm", "cpu_op", 30, 20), x("cudaLaunchKernel", "cuda_runtime", 35, 5), flow("s", 2, 35, 1),
+              x("sm90_gemm", "kernel", 40, 9, tid=7), flow("f", 2, 40, 7)]
+    lin = {"type": "module", "attr": "lin", "path": "lin", "class": "Linear", "class_qualname": "torch.nn.Linear",
+           "count": 0}
+    info = {str(("Torch-Compiled Region: 0/0", False)): {
+        "triton_poi_fused_add_0:1": {"stack_traces": ["add"], "post_grad_nodes": ["add"],
+                                     "call_hierarchy": [lin], "call_hierarchy_sources": [[lin], []]},
+        "extern_kernels.mm:2": {"stack_traces": ["mm"], "post_grad_nodes": ["mm"], "call_hierarchy": [lin]}}}
+    return {"traceEvents": events}, info
+
+
+def without_call_hierarchy(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: without_call_hierarchy(v) for k, v in value.items()
+                if k not in ("call_hierarchy", "call_hierarchy_sources")}
+    if isinstance(value, list):
+        return [without_call_hierarchy(v) for v in value]
+    return value
+
+
+def test_handler_output_is_upstreams_where_no_kernel_has_a_call_hierarchy(tmp_path: Path) -> None:
+    import torch._inductor.profiler as patched
+
+    wheel = wheel_profiler()
+    trace, info = cuda_shaped_trace()
+    flag_off = without_call_hierarchy(info)
+    upstream = through(wheel, trace, flag_off)
+    assert b'"stack"' in upstream  # the device kernels were annotated: the path the patch changed
+    assert through(patched, trace, flag_off) == upstream
+    # flag on, the patch only adds the two keys: to the Triton kernel and the host mm
+    on = json.loads(through(patched, trace, info))
+    assert without_call_hierarchy(on) == json.loads(upstream)
+    # (upstream finds an extern's device kernel only through a with_stack python_function event)
+    annotated = {e["name"] for e in on["traceEvents"] if "call_hierarchy" in e.get("args", {})}
+    assert annotated == {"triton_poi_fused_add_0", "aten::mm"}
+
+
+# --------------------------------------------------------------------------- the same figures either way
+
+
+def kernel_figures(root, skip_eager: bool = False) -> dict[tuple[str, ...], dict[str, tuple[float, float]]]:
+    """Scope path below the root -> {kernel: (calls, ns) per iteration}."""
+    out = {}
+    for _, scope, path in _walk(root, ()):
+        ops = {k: (round(v[0], 6), round(v[1], 3)) for k, v in scope.ops.items()
+               if not (skip_eager and k.endswith(" (eager)"))}
+        if ops:
+            out[path] = ops
+    return out
+
+
+def test_tree_from_the_handler_trace_equals_the_profilers_own(tmp_path: Path) -> None:
+    # One run, two consumers: the profiler's capture, and upstream's handler with the trace it writes
+    from torch._inductor.profiler import inductor_trace_handler
+
+    from scripts.hierarchy_profiler import CallHierarchyProfiler
+
+    torch._dynamo.reset()
+    model = Net()
+    x = torch.randn(4, 8, requires_grad=True)
+    hp = CallHierarchyProfiler(model)
+    with hp, torch._inductor.config.patch({"trace.provenance_tracking_to_timeline": True}):
+        compiled = torch.compile(model)
+        compiled(x).backward()
+        schedule = torch.profiler.schedule(wait=0, warmup=1, active=3, repeat=1)
+        with hp.profile(schedule=schedule, on_trace_ready=inductor_trace_handler(str(tmp_path))) as prof:
+            for _ in range(4):
+                compiled(x).backward()
+                prof.step()
+    (trace,) = tmp_path.glob("*.pt.trace.json")
+    from_trace = read_trace(trace)
+    assert hp.result is not None and from_trace.iterations == hp.result.iterations == 3
+    own = kernel_figures(hp.result.root, skip_eager=True)
+    assert own and kernel_figures(from_trace.root) == own
