@@ -294,3 +294,18 @@ def test_tree_from_the_handler_trace_equals_the_profilers_own(tmp_path: Path) ->
     assert hp.result is not None and from_trace.iterations == hp.result.iterations == 3
     own = kernel_figures(hp.result.root, skip_eager=True)
     assert own and kernel_figures(from_trace.root) == own
+
+
+def test_handler_trace_loads_in_holistic_trace_analysis(handler_trace: Path, tmp_path: Path) -> None:
+    """HTA (a tool users have) reads the trace with the kernels' structured args.call_hierarchy."""
+    from hta.common.trace import Trace
+
+    (tmp_path / "rank0.json").write_text(handler_trace.read_text())
+    trace = Trace(trace_dir=str(tmp_path))
+    trace.parse_traces()
+    df = trace.get_trace(0)
+    symbols = trace.symbol_table.get_sym_table()
+    labels = {symbols[i] for i in df["name"]}
+    doc = json.loads(handler_trace.read_text())
+    annotated = {e["name"] for e in doc["traceEvents"] if "call_hierarchy" in e.get("args", {})}
+    assert annotated and annotated <= labels
