@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -164,16 +165,23 @@ def run(args: argparse.Namespace) -> int:
     print()
     print(result.summary())
     print()
-    try:
-        written = result.save(args.out)
-    except (OSError, ProfileError) as e:
-        print(f"error: cannot write to {args.out}: {e}", file=sys.stderr)
+    if not _write(args.out, lambda: result.save(args.out)):
         return 2
+    print("open the trace in https://ui.perfetto.dev (or chrome://tracing), the SVG in a browser")
+    return 0
+
+
+def _write(out: Path, save: Callable[[], list[Path]]) -> bool:
+    """Run ``save`` and list what it wrote; False with a one-line error if it could not write."""
+    try:
+        written = save()
+    except (OSError, ProfileError) as e:
+        print(f"error: cannot write to {out}: {e}", file=sys.stderr)
+        return False
     print("wrote:")
     for path in written:
         print(f"  {path}")
-    print("open the trace in https://ui.perfetto.dev (or chrome://tracing), the SVG in a browser")
-    return 0
+    return True
 
 
 def run_trace(args: argparse.Namespace) -> int:
@@ -193,16 +201,12 @@ def run_trace(args: argparse.Namespace) -> int:
     print()
     print(profile.summary())
     print()
-    try:
+    def save() -> list[Path]:
         out = prepare_out(args.out)
         written = [out / "hierarchy.folded", out / "hierarchy_us.folded", out / "flamegraph.svg"]
         write_folded(written[0], profile.root, timed=False)
         write_folded(written[1], profile.root, timed=True)
         write_flamegraph(written[2], profile.root, timed=True, title=f"call hierarchy of {args.trace.name}")
-    except (OSError, ProfileError) as e:
-        print(f"error: cannot write to {args.out}: {e}", file=sys.stderr)
-        return 2
-    print("wrote:")
-    for path in written:
-        print(f"  {path}")
-    return 0
+        return written
+
+    return 0 if _write(args.out, save) else 2
