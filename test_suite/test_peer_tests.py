@@ -241,3 +241,183 @@ def test_cli_names_a_missing_folder_or_file(tmp_path: Path, capsys: pytest.Captu
     (tmp_path / "tests/test").mkdir(parents=True)
     assert main(["peer-tests", "--tests-from", str(tmp_path / "tests"), "test/fx/test_gone.py"]) == 2
     assert f"{tmp_path}/tests/test/fx/test_gone.py does not exist" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- selection.txt
+
+
+def stored_folder(root: Path, selection: str | None) -> Path:
+    for f in FILES + ["fx/helper.py"]:
+        (root / "test" / f).parent.mkdir(parents=True, exist_ok=True)
+        (root / "test" / f).write_text(f"# {f}\n")
+    if selection is not None:
+        (root / peer.SELECTION).write_text(selection)
+    return root
+
+
+def test_selection_lists_the_files_with_their_k_expression_and_timeout(tmp_path: Path) -> None:
+    root = stored_folder(tmp_path, "# file | -k | timeout\nfx/test_b.py|not slow and not big|300\n\n"
+                                   "dynamo/test_a.py||\n")
+    assert peer.select(root, []) == [peer.Selected("fx/test_b.py", "not slow and not big", 300),
+                                     peer.Selected("dynamo/test_a.py", "", None)]
+    assert peer.select_files(root, []) == ["fx/test_b.py", "dynamo/test_a.py"]  # helpers and unlisted files: no
+    assert peer.Selected("fx/test_b.py", "not slow", 300).pytest_args() == ["-k", "not slow", "--timeout=300"]
+    assert peer.Selected("fx/test_b.py").pytest_args() == []
+    # a named file takes its line's -k and timeout; an unlisted one runs whole
+    assert peer.select(root, ["test/fx/test_b.py", "fx/test_b_more.py"]) == [
+        peer.Selected("fx/test_b.py", "not slow and not big", 300), peer.Selected("fx/test_b_more.py")]
+
+
+@pytest.mark.parametrize(("text", "error"), [
+    ("fx/test_b.py|300\n", "three fields"),
+    ("fx/test_b.py||5s\n", "the timeout must be a positive number"),
+    ("fx/test_b.py||0\n", "the timeout must be a positive number"),
+    ("fx/test_gone.py||300\n", "test/fx/test_gone.py does not exist"),
+    ("fx/test_b.py||300\nfx/test_b.py|x|300\n", "fx/test_b.py is listed twice"),
+    ("# only a comment\n", "lists no test file"),
+])
+def test_a_bad_selection_line_is_named(tmp_path: Path, text: str, error: str) -> None:
+    root = stored_folder(tmp_path, text)
+    with pytest.raises(SeriesError, match=error) as info:
+        peer.select(root, [])
+    if "three fields" in error or "timeout" in error:
+        assert f"{root / peer.SELECTION}:1:" in str(info.value)
+
+
+# --------------------------------------------------------------------------- the pristine baseline
+
+ENV = {"python": "3.11", "torch": "2.15.0", "pytest": "9.2.0", "pytest-timeout": "2.4.0", "expecttest": "0.3.0",
+       "parameterized": "0.9.0", "numpy": "2.4.6"}
+
+
+def test_baseline_key_changes_with_each_input_and_says_why(tmp_path: Path) -> None:
+    root = stored_folder(tmp_path, "fx/test_b.py|not slow|300\n")
+    sel = peer.select(root, [])[0]
+    hashes = peer.tree_hashes(root / "test")
+    key = peer.baseline_key(sel, hashes, ENV)
+    entry = peer.baseline_entry(key, [{"fx/test_b.py::T::a": "passed"}], [1.0])
+    assert peer.baseline_outcomes(entry, key) == ({"fx/test_b.py::T::a": "passed"}, "")
+    assert peer.baseline_outcomes(None, key) == (None, "not in the baseline")
+
+    def why(**change: object) -> str:
+        return peer.baseline_outcomes(entry, {**key, **change})[1]
+    (root / "test/fx/test_b.py").write_text("# changed\n")
+    assert why(**peer.baseline_key(sel, peer.tree_hashes(root / "test"), ENV)) == "the test file changed"
+    (root / "test/fx/test_b.py").write_text("# fx/test_b.py\n")
+    (root / "test/fx/helper.py").write_text("# a helper changed\n")
+    assert why(**peer.baseline_key(sel, peer.tree_hashes(root / "test"), ENV)) == (
+        "another file under test/ (a helper it may import) changed")
+    (root / "test/fx/helper.py").write_text("# fx/helper.py\n")
+    assert peer.baseline_key(sel, peer.tree_hashes(root / "test"), ENV) == key  # back as it was: a hit again
+    assert why(keyword="") == "its -k expression changed"
+    assert why(timeout=60) == "its timeout changed"
+    assert why(environment={**ENV, "torch": "2.16.0"}) == "the Python or test packages differ"
+    assert why(environment={**ENV, "python": "3.12"}) == "the Python or test packages differ"
+
+
+def test_baseline_entry_records_the_worst_outcome_and_flaky_tests() -> None:
+    runs = [{"t::ok": "passed", "t::flaky": "passed", "t::broken": "failed", "t::crash": "passed"},
+            {"t::ok": "passed", "t::flaky": "failed", "t::broken": "failed"}]
+    entry = peer.baseline_entry({"k": 1}, runs, [3.2, 4.6])
+    assert entry["outcomes"] == {"t::ok": "passed", "t::flaky": "failed", "t::broken": "failed", "t::crash": "error"}
+    assert entry["flaky"] == {"t::flaky": "pristine runs gave passed, failed",
+                              "t::crash": "pristine runs gave passed, missing"}
+    assert entry["runs"] == 2 and entry["wall_s"] == [3, 5]
+
+
+def test_baseline_file_round_trip_and_bad_files(tmp_path: Path) -> None:
+    path = tmp_path / "ci" / "peer-baseline.json"
+    assert peer.load_baseline(path) == {"files": {}}  # none yet: an empty baseline
+    peer.write_baseline(path, {"files": {"b.py": {"outcomes": {}}, "a.py": {"outcomes": {}}}})
+    data = peer.load_baseline(path)
+    assert list(data["files"]) == ["a.py", "b.py"] and "refresh-baseline" in data["about"]
+    assert [p.name for p in path.parent.iterdir()] == ["peer-baseline.json"]  # no temporary file left
+    path.write_text("{not json")
+    with pytest.raises(SeriesError, match="cannot read the peer baseline .*--refresh-baseline"):
+        peer.load_baseline(path)
+    path.write_text("[]")
+    with pytest.raises(SeriesError, match="is not a peer baseline"):
+        peer.load_baseline(path)
+
+
+# --------------------------------------------------------------------------- the run: baseline, configurations
+
+
+class FakeRuns:
+    """Stands in for run_config: the outcomes each configuration gives, and the calls it got."""
+
+    def __init__(self, outcomes: dict[str, dict[str, str]]) -> None:
+        self.outcomes, self.calls = outcomes, []
+
+    def __call__(self, config: str, python: Path, cwd: Path, files: list, work: Path, overlay: Path, sp: Path,
+                 pytest_args: list[str], name: str) -> peer.Run:
+        self.calls.append((name, [s.file for s in files]))
+        mine = {t: o for t, o in self.outcomes[name].items() if t.split("::", 1)[0] in {s.file for s in files}}
+        return peer.Run(config, mine, 0.0, {}, work / f"{name}.log", {s.file: 1.0 for s in files})
+
+
+def run_with_baseline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, outcomes: dict[str, dict[str, str]],
+                      refresh: bool = False, repeat: int = 1) -> tuple[int, FakeRuns, Path]:
+    from scripts.series import Layout
+    root = tmp_path / "stored"
+    if not root.exists():  # made once: a later run sees what the test changed in it
+        stored_folder(root, "dynamo/test_a.py||300\nfx/test_b.py||300\n")
+    monkeypatch.setattr(peer, "load_series", lambda _: [])
+    monkeypatch.setattr(peer, "series_hash_now", lambda sp, layout: "series")
+    monkeypatch.setattr(peer, "environment_key", lambda python: ENV)
+    monkeypatch.setattr(peer, "pristine_overlay", lambda layout, sp, series, dest: (dest, [], {}))
+    monkeypatch.setattr(peer, "check_overlay", lambda dest, paths, record: None)
+    fake = FakeRuns(outcomes)
+    work = tmp_path / "work"
+    work.mkdir(exist_ok=True)
+    baseline = tmp_path / "peer-baseline.json"
+    plan = peer.Plan(peer.select(root, []), list(peer.CONFIGS) if not refresh else ["pristine"], [], 2, baseline,
+                     refresh, repeat)
+    rc = peer.run_locked(Layout(tmp_path), tmp_path / "sp", Path("python"), root, plan, work, run=fake)
+    return rc, fake, root
+
+
+GOOD = {"dynamo/test_a.py::A::test_x": "passed", "dynamo/test_a.py::A::test_broken": "failed",
+        "fx/test_b.py::B::test_y": "passed", "fx/test_b.py::B::test_flaky": "passed"}
+
+
+def test_refresh_writes_the_baseline_then_ci_runs_no_pristine_and_catches_a_regression(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    flaky_run = {**GOOD, "fx/test_b.py::B::test_flaky": "failed"}
+    rc, fake, root = run_with_baseline(tmp_path, monkeypatch, {"pristine-1": GOOD, "pristine-2": flaky_run},
+                                       refresh=True, repeat=2)
+    assert rc == 0 and sorted(n for n, _ in fake.calls) == ["pristine-1", "pristine-2"]
+    data = peer.load_baseline(tmp_path / "peer-baseline.json")
+    assert data["files"]["fx/test_b.py"]["flaky"] == {"fx/test_b.py::B::test_flaky": "pristine runs gave passed, failed"}
+    assert "1 test(s) flaky on pristine" in capsys.readouterr().out
+
+    # the series as pristine: no pristine run (the baseline), off and on side by side, no regression
+    rc, fake, _ = run_with_baseline(tmp_path, monkeypatch, {"off": GOOD, "on": GOOD})
+    out = capsys.readouterr().out
+    assert rc == 0 and sorted(n for n, _ in fake.calls) == ["off", "on"], out
+    assert "the baseline" in out and "for 2 of 2 file(s)" in out and "no regressions" in out
+    # the flaky test failing with the series: listed with its reason, not a regression
+    rc, _, _ = run_with_baseline(tmp_path, monkeypatch, {"off": flaky_run, "on": GOOD})
+    out = capsys.readouterr().out
+    assert rc == 0 and "fx/test_b.py::B::test_flaky  pristine runs gave passed, failed; here off=failed on=passed" in out
+    # a planted regression (a test that passes on pristine fails with the flag on) fails the run
+    rc, _, _ = run_with_baseline(tmp_path, monkeypatch, {"off": GOOD, "on": {**GOOD, "fx/test_b.py::B::test_y": "failed"}})
+    out = capsys.readouterr().out
+    assert rc == 1 and "REGRESSIONS: 1 test(s)" in out and "fx/test_b.py::B::test_y  off=passed on=failed" in out
+
+
+def test_a_changed_test_file_reruns_pristine_for_the_files_it_may_reach(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, _, root = run_with_baseline(tmp_path, monkeypatch, {"pristine-1": GOOD}, refresh=True)
+    assert rc == 0
+    (root / "test/fx/test_b.py").write_text("# a newer upstream version\n")
+    capsys.readouterr()
+    broken_now = {**GOOD, "fx/test_b.py::B::test_y": "failed"}
+    rc, fake, _ = run_with_baseline(tmp_path, monkeypatch, {"pristine": broken_now, "off": broken_now,
+                                                            "on": broken_now})
+    out = capsys.readouterr().out
+    # the changed file and every other (it may import the changed one): pristine reruns, no stale outcome used
+    assert ("pristine", ["dynamo/test_a.py", "fx/test_b.py"]) in fake.calls, fake.calls
+    assert "fx/test_b.py (the test file changed)" in out
+    assert "dynamo/test_a.py (another file under test/ (a helper it may import) changed)" in out
+    assert rc == 0, out  # it fails on pristine too now: not the series'

@@ -152,6 +152,41 @@ def test_a_good_series_passes_every_prefix_and_leaves_the_venv_alone(fake: tuple
     assert snapshot(sp) == before  # hard links only: the venv's bytes and inodes are untouched
 
 
+def test_quick_records_passing_prefixes_and_checks_again_only_what_changed(fake: tuple[S.Layout, Path]) -> None:
+    layout, venv = fake
+    make_series(layout, [("[dynamo] add the flag", add_flag), ("[fx] add format_hierarchy", add_public_fn(True)),
+                         ("[fx] touch traceback", touch("torch/fx/traceback.py", "tb_extra = 1\n"))])
+    rc, out = check(layout, venv, "--quick")
+    assert rc == 0 and out.count(": ok;") == 3, out
+    record = layout.root / "ci" / "prefix-results.json"
+    assert len(json.loads(record.read_text())["passed"]) == 3
+    # the same inputs: every prefix is applied, none checked again (no test runs)
+    rc, out = check(layout, venv, "--quick")
+    assert rc == 0 and out.count("recorded as passing") == 3 and "test_fake_prefix.py" not in out, out
+    rc, out = check(layout, venv, "--quick", "--ignore-record")
+    assert rc == 0 and out.count(": ok;") == 3 and "recorded as passing" not in out, out
+    # a planted regression in patch 3 (a public torch.fx name without @compatibility): 1 and 2 stay recorded,
+    # 3 is checked again and fails, and leaves the record
+    ws = layout.workspace
+    edit(ws / "torch/fx/node.py", "node_1 = 1\n", "node_1 = 1\n\n\ndef planted(node):\n    return node\n\n\n")
+    git(ws, "add", "-A")
+    git(ws, "commit", "-q", "--amend", "--no-edit")
+    S.export(layout)
+    rc, out = check(layout, venv, "--quick")
+    assert rc == 1 and out.count("recorded as passing") == 2, out
+    assert "first failing prefix is 3" in out and "torch.fx.node.planted" in out
+    assert len(json.loads(record.read_text())["passed"]) == 2
+    # what the check reads besides the patches is in the key: another tool version checks every prefix again
+    series = S.load_series(layout.patches)
+    env = {"python": "3.11", "ruff": "1"}
+    keys = prefixes.prefix_keys(layout, series, env)
+    assert len(set(keys)) == 3
+    assert prefixes.prefix_keys(layout, series, env) == keys
+    assert all(a != b for a, b in zip(keys, prefixes.prefix_keys(layout, series, {**env, "ruff": "2"})))
+    (layout.root / "requirements.txt").write_text("ruff==2\n")
+    assert all(a != b for a, b in zip(keys, prefixes.prefix_keys(layout, series, env)))
+
+
 def test_public_fx_name_without_compatibility_in_patch_2_fails_prefix_2(fake: tuple[S.Layout, Path]) -> None:
     layout, venv = fake
     make_series(layout, [("[dynamo] add the flag", add_flag), ("[fx] add format_hierarchy", add_public_fn(False)),

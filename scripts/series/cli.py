@@ -77,8 +77,15 @@ def parser() -> argparse.ArgumentParser:
     pt.add_argument("-k", dest="keyword", default=None, help="pytest -k expression")
     pt.add_argument("--pytest-args", default="", help="more pytest arguments, one shell-quoted string")
     pt.add_argument("--venv", type=Path, default=None, help="default: .venv")
-    pt.add_argument("files", nargs="*", help="test files under DIR/test (default: every test_*.py of a stored "
-                    "folder; a PyTorch checkout must name them)")
+    pt.add_argument("--jobs", type=int, default=2, help="configurations run side by side (default 2)")
+    pt.add_argument("--baseline", type=Path, default=None, help="the pristine baseline (default: ci/peer-baseline.json)"
+                    "; its outcomes stand in for a pristine run of each file whose key matches")
+    pt.add_argument("--no-baseline", action="store_true", help="run pristine whatever the baseline holds")
+    pt.add_argument("--refresh-baseline", action="store_true", help="run only pristine, --repeat times, and write "
+                    "the baseline of the selected files (tests whose outcome differs between repeats: flaky)")
+    pt.add_argument("--repeat", type=int, default=2, help="pristine runs of --refresh-baseline (default 2)")
+    pt.add_argument("files", nargs="*", help="test files under DIR/test (default: those DIR/selection.txt lists, else "
+                    "every test_*.py of a stored folder; a PyTorch checkout must name them)")
     cp = sub.add_parser("check-prefixes", help="every prefix 1..k of the series, on pristine torch: applies, lints, "
                         "imports (torch.fx public API), passes its upstream tests and related peer files")
     cp.add_argument("--quick", action="store_true", help="CI form: apply, lint, import + API, and only the tests each "
@@ -86,6 +93,8 @@ def parser() -> argparse.ArgumentParser:
     cp.add_argument("--through", metavar="PATCH", default=None, help="check prefixes up to PATCH only")
     cp.add_argument("--tests-from", type=Path, default=None, help="the peer files' folder (as peer-tests)")
     cp.add_argument("--venv", type=Path, default=None, help="default: .venv")
+    cp.add_argument("--ignore-record", action="store_true", help="--quick: check every prefix, also those recorded as "
+                    "passing in ci/prefix-results.json (the record is rewritten)")
     cp.add_argument("--keep-going", action="store_true", help="check the later prefixes after a failing one (unless "
                     "it does not apply)")
     return ap
@@ -135,12 +144,16 @@ def run(args: argparse.Namespace) -> int:
                                   args.pytest)
     elif args.cmd == "peer-tests":
         extra = (["-k", args.keyword] if args.keyword else []) + shlex.split(args.pytest_args)
+        if args.no_baseline and (args.refresh_baseline or args.baseline):
+            raise SeriesError("--no-baseline takes neither --baseline nor --refresh-baseline")
         return run_peer_tests(layout, args.tests_from, args.files, [c for c in args.configs.split(",") if c],
-                              extra, args.venv.absolute() if args.venv else None)
+                              extra, args.venv.absolute() if args.venv else None, args.jobs,
+                              args.baseline.absolute() if args.baseline else None, args.refresh_baseline,
+                              args.repeat, use_baseline=not args.no_baseline)
     elif args.cmd == "check-prefixes":
         from .prefixes import check_prefixes
         return check_prefixes(layout, args.through, args.quick, args.venv.absolute() if args.venv else None,
-                              args.tests_from, args.keep_going)
+                              args.tests_from, args.keep_going, args.ignore_record)
     return 0
 
 

@@ -30,6 +30,14 @@ patch k adds runs whole; of a file it changes, only the tests whose code patch k
 statement other than an import): then the whole file runs. No (e). The full form reruns every test file at
 every prefix.
 
+The record (`--quick` only): a prefix's result depends only on its inputs, so a passing prefix k is recorded in
+ci/prefix-results.json under a key over everything its check reads: patches 1..k (names and bytes),
+patches/base.json, requirements*.txt, the checker (scripts/lint.py, scripts/series/*.py, ci/lint/) and the
+venv's Python and tool versions. A prefix whose key is recorded is applied (its tree is needed by the next) but
+not linted, probed or tested again, and says so; any change to an input reruns it, and every later prefix (their
+keys include it). Each `--quick` run rewrites the record with the prefixes that passed (`--ignore-record`: check
+every prefix, and still rewrite it); commit it with the patches it records.
+
 The venv is only read. Work files: build/prefixes/ (the tree of the last prefix checked is left in
 build/prefixes/tree, its torch overlay in build/prefixes/overlay, logs in build/prefixes/logs).
 """
@@ -53,7 +61,7 @@ import time
 from pathlib import Path
 
 from . import peer
-from .git import Layout, SeriesError, blob_id, git, init_repo, isolated_env
+from .git import REPO_ROOT, Layout, SeriesError, blob_id, git, init_repo, isolated_env
 from .install import site_packages
 from .patches import Patch, final_paths, load_series, prefix_length
 from .upstream import upstream_test_env, upstream_test_files
@@ -450,11 +458,60 @@ def peer_files(paths: list[str], stored: list[str]) -> list[str]:
     return [f for f in stored if any(fnmatch.fnmatch(f, g) for g in globs)]
 
 
+# --------------------------------------------------------------------------- the record of passing prefixes
+
+RECORD = Path("ci") / "prefix-results.json"  # relative to the repository root
+# The venv's packages a prefix's check runs (its lint tools, torch and the test runner), with the Python version.
+RECORD_PACKAGES = ("torch", "pytest", "expecttest", "ruff", "usort", "flake8", "mypy", "numpy")
+
+
+def checker_files() -> list[Path]:
+    """The code and settings of the check itself: scripts/lint.py, scripts/series/*.py and ci/lint/."""
+    lint_dir = REPO_ROOT / "ci" / "lint"
+    return sorted([REPO_ROOT / "scripts" / "lint.py", *(REPO_ROOT / "scripts" / "series").glob("*.py"),
+                   *(p for p in lint_dir.rglob("*") if p.is_file() and "__pycache__" not in p.parts)])
+
+
+def prefix_keys(layout: Layout, series: list[Patch], env: dict[str, str]) -> list[str]:
+    """keys[k-1]: the sha256 of everything prefix k's quick check reads (see the module docstring)."""
+    h = hashlib.sha256(b"check-prefixes --quick\n")
+    h.update(json.dumps(env, sort_keys=True).encode())
+    for path in [layout.patches / "base.json", layout.root / "requirements.txt",
+                 layout.root / "requirements-nodeps.txt", *checker_files()]:
+        h.update(f"\n{path.name}\n".encode() + (path.read_bytes() if path.is_file() else b"<absent>"))
+    keys = []
+    for patch in series:
+        h.update(f"\npatch {patch.name}\n".encode() + patch.path.read_bytes())
+        keys.append(h.copy().hexdigest())
+    return keys
+
+
+def load_record(path: Path) -> dict[str, str]:
+    """patch name -> key of the passing prefixes recorded in `path` ({} where there is none or it is unreadable:
+    every prefix is then checked)."""
+    try:
+        data = json.loads(path.read_text())
+        return {str(k): str(v) for k, v in data["passed"].items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return {}
+
+
+def write_record(path: Path, passed: dict[str, str]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = {"about": "Prefixes of the series that passed `python3 -m scripts.series check-prefixes --quick`: patch "
+                     "name -> the key of prefix 1..k's inputs (scripts/series/prefixes.py). A recorded key is not "
+                     "checked again.", "passed": passed}
+    with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=".prefix-results.", delete=False) as fh:
+        json.dump(data, fh, indent=1)
+        fh.write("\n")
+    os.replace(fh.name, path)
+
+
 # --------------------------------------------------------------------------- the command
 
 
 def check_prefixes(layout: Layout, through: str | None = None, quick: bool = False, venv: Path | None = None,
-                   tests_from: Path | None = None, keep_going: bool = False) -> int:
+                   tests_from: Path | None = None, keep_going: bool = False, ignore_record: bool = False) -> int:
     start = time.monotonic()
     layout.base()  # a missing or damaged base.json is refused first
     names_series = load_series(layout.patches)
@@ -482,7 +539,7 @@ def check_prefixes(layout: Layout, through: str | None = None, quick: bool = Fal
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             raise SeriesError(f"another check-prefixes run holds {work}; wait for it to finish") from None
-        rc = run_locked(layout, sp, python, work, n, quick, peer_root, stored, keep_going)
+        rc = run_locked(layout, sp, python, work, n, quick, peer_root, stored, keep_going, ignore_record)
     form = ("quick form: (a) apply, (b) lint, (c) import + torch.fx API, (d) the tests each patch adds or changes"
             if quick else "full form: (a)-(e)")
     print(f"check-prefixes ({form}): {time.monotonic() - start:.0f} s wall", flush=True)
@@ -493,8 +550,14 @@ def check_prefixes(layout: Layout, through: str | None = None, quick: bool = Fal
 
 
 def run_locked(layout: Layout, sp: Path, python: Path, work: Path, n: int, quick: bool, peer_root: Path | None,
-               stored: list[str], keep_going: bool = False) -> int:
+               stored: list[str], keep_going: bool = False, ignore_record: bool = False) -> int:
     series = snapshot_series(layout.patches, work / "series")
+    # --quick: the prefixes whose inputs are recorded as passing are applied, not checked again
+    keys = prefix_keys(layout, series, peer.environment_key(python, RECORD_PACKAGES)) if quick else []
+    recorded = {} if ignore_record or not quick else load_record(layout.root / RECORD)
+    matching = [k for k in range(1, len(keys) + 1) if recorded.get(series[k - 1].name) == keys[k - 1]]
+    known = [k for k in matching if k <= n]
+    passed = {series[k - 1].name: keys[k - 1] for k in matching}  # a --through run keeps the later ones
     for sub in ("results", "logs", "probe"):
         shutil.rmtree(work / sub, ignore_errors=True)
         (work / sub).mkdir(parents=True)
@@ -516,12 +579,14 @@ def run_locked(layout: Layout, sp: Path, python: Path, work: Path, n: int, quick
     linter = Linter(python.parent.parent, work, {rel: data for rel, data in base.items() if rel.endswith(".py")})
     all_modules = [m for rel in paths if (m := module_name(rel))]
     api_modules = list(dict.fromkeys([*API_IMPORTS, *all_modules]))
-    with concurrent.futures.ThreadPoolExecutor(2) as pool:  # lint's tools and the probe are subprocesses
-        base_lint = pool.submit(linter.lint_base, lint.series_py_files(series[:n])[0])
-        pristine_api = run_api_probe(python, work, pristine, api_modules, "pristine")
-        base_lint.result()
-    if pristine_api.get("torch_error"):
-        raise SeriesError(f"pristine torch ({pristine}) does not import: {pristine_api['torch_error']}")
+    pristine_api: dict = {}
+    if len(known) < n:  # some prefix is checked: the base's lint findings and pristine's API to compare with
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:  # lint's tools and the probe are subprocesses
+            base_lint = pool.submit(linter.lint_base, lint.series_py_files(series[:n])[0])
+            pristine_api = run_api_probe(python, work, pristine, api_modules, "pristine")
+            base_lint.result()
+        if pristine_api.get("torch_error"):
+            raise SeriesError(f"pristine torch ({pristine}) does not import: {pristine_api['torch_error']}")
     runner = Runner(python, work)
     pristine_peer: dict[str, dict[str, str]] = {}
     overlay = work / "overlay"
@@ -535,6 +600,10 @@ def run_locked(layout: Layout, sp: Path, python: Path, work: Path, n: int, quick
                   for rel in patch.paths("test/")}
         if (err := apply_patch(tree, patch)) is not None:  # no later prefix can be built
             return report([*failures, (k, patch, [f"(a) does not apply to prefix {k - 1}: {err}"])])
+        if k in known:
+            print(f"  {label}: ok; recorded as passing in {RECORD} (key {keys[k - 1][:12]}: same patches 1..{k}, "
+                  "checker and tools); applied, not checked again", flush=True)
+            continue
         contents = tree_contents(tree, paths)
         build_prefix_overlay(sp, overlay, paths, contents)
         problems: list[str] = []
@@ -597,6 +666,12 @@ def run_locked(layout: Layout, sp: Path, python: Path, work: Path, n: int, quick
             notes.append(f"peer: {', '.join(mine) or 'none mapped'}" + lap())
         print(f"  {label}: {'ok' if not problems else 'FAILED'}; " + "; ".join(notes)
               + f"; {time.monotonic() - t0:.0f} s in all", flush=True)
+        if quick:
+            if problems:
+                passed.pop(patch.name, None)
+            else:
+                passed[patch.name] = keys[k - 1]
+            write_record(layout.root / RECORD, passed)
         if problems:
             failures.append((k, patch, problems))
             if not keep_going:
