@@ -1635,3 +1635,12 @@ def test_failing_factory_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.Mo
     assert "no callable 'not_callable'" in capsys.readouterr().err
     assert main(["--model", "no_such_module_xyz:f", "--out", str(tmp_path)]) == 2
     assert "cannot import module 'no_such_module_xyz'" in capsys.readouterr().err
+
+
+def test_fullgraph_on_a_model_with_a_graph_break_is_one_line(tmp_path: Path) -> None:
+    proc = run_cli("--model", "nested-graph-break", "--fullgraph", "--backend", "aot_eager", "--out", str(tmp_path / "o"))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: --fullgraph: nested-graph-break has a graph break ("), (
+        proc.stderr)
+    assert "Traceback" not in proc.stderr and "without --fullgraph" in lines[0]

@@ -10,6 +10,7 @@ import importlib.util
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -309,3 +310,34 @@ def test_handler_trace_loads_in_holistic_trace_analysis(handler_trace: Path, tmp
     doc = json.loads(handler_trace.read_text())
     annotated = {e["name"] for e in doc["traceEvents"] if "call_hierarchy" in e.get("args", {})}
     assert annotated and annotated <= labels
+
+
+def rewritten(trace: Path, out: Path, keep: Callable[[dict[str, Any]], bool],
+              change: Callable[[dict[str, Any]], None] = lambda e: None) -> Path:
+    doc = json.loads(trace.read_text())
+    doc["traceEvents"] = [e for e in doc["traceEvents"] if keep(e)]
+    for e in doc["traceEvents"]:
+        change(e)
+    out.write_text(json.dumps(doc))
+    return out
+
+
+def test_a_trace_without_profiler_steps_warns_that_times_are_totals(handler_trace: Path, tmp_path: Path) -> None:
+    assert read_trace(handler_trace).stepped and read_trace(handler_trace).warnings() == []
+    flat = rewritten(handler_trace, tmp_path / "flat.json", lambda e: not str(e.get("name", "")).startswith("ProfilerStep#"))
+    profile = read_trace(flat)
+    assert not profile.stepped and profile.iterations == 1
+    assert "not means per iteration" in profile.warnings()[0]
+    proc = subprocess.run([sys.executable, "-m", "scripts.profile_hierarchy", "--trace", str(flat), "--out",
+                           str(tmp_path / "out")], cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert "totals over the whole trace" in proc.stdout and "warning: the trace has no ProfilerStep#N" in proc.stdout
+
+
+def test_compiled_kernels_without_scopes_name_every_cause(handler_trace: Path, tmp_path: Path) -> None:
+    """Flags on but graphs from a warm cache (or a second trace): the error does not only blame the flags."""
+    stripped = rewritten(handler_trace, tmp_path / "stripped.json", lambda e: True,
+                         lambda e: (e.get("args") or {}).pop("call_hierarchy", None))
+    with pytest.raises(TraceError, match="kernel event.s. of compiled graphs are in it") as info:
+        read_trace(stripped)
+    assert "warm FX-graph or AOTAutograd cache" in str(info.value) and "second trace" in str(info.value)

@@ -147,6 +147,13 @@ def run(args: argparse.Namespace) -> int:
     except (models.ModelError, ProfileError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except torch._dynamo.exc.Unsupported as e:  # only fullgraph=True lets a graph break out of Dynamo
+        if not args.fullgraph:
+            raise
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        print(f"error: --fullgraph: {args.model} has a graph break ({first}); profile it without --fullgraph "
+              "(each graph's scopes are still kept)", file=sys.stderr)
+        return 2
     result = hp.result
     assert result is not None
 
@@ -194,8 +201,12 @@ def run_trace(args: argparse.Namespace) -> int:
     except TraceError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    per = (f"mean of {profile.iterations} iteration(s) (its ProfilerStep#N ranges)" if profile.stepped
+           else "totals over the whole trace")
     print(f"trace {args.trace}: kernel events annotated by inductor_trace_handler; times: the events' own "
-          f"durations, mean of {profile.iterations} iteration(s) (its ProfilerStep#N ranges)")
+          f"durations, {per}")
+    for warning in profile.warnings():
+        print(f"warning: {warning}")
     print()
     print(format_tree(profile.root, timed=True, max_depth=args.depth, unit="kernel"))
     print()

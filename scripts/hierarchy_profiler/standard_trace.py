@@ -48,6 +48,8 @@ class TraceProfile:
     # kernel events of compiled graphs that have no call hierarchy: Inductor C++ kernels
     # (graph_N_*) and device kernels launched inside a compiled region
     without_hierarchy: int
+    # whether the iterations are the trace's ProfilerStep#N ranges (False: one, the whole trace)
+    stepped: bool = True
 
     def summary(self) -> str:
         per = self.iterations
@@ -55,8 +57,24 @@ class TraceProfile:
                 f"{self.device_kernels / per:g} device kernel(s), over {per} iteration(s) (scopes relative to the compiled frames)")
         if self.without_hierarchy:
             line += (f"\n{self.without_hierarchy} kernel event(s) of compiled graphs have no call hierarchy "
-                     "(record_call_hierarchy off when they were compiled, or kernels the handler does not match)")
+                     f"({NO_SCOPE_CAUSES})")
         return line
+
+    def warnings(self) -> list[str]:
+        """What the reader of the tree must know about its figures."""
+        if self.stepped:
+            return []
+        return ["the trace has no ProfilerStep#N range around its kernels (profile with a "
+                "torch.profiler.schedule, or call prof.step() each iteration): the times are totals over the "
+                "whole trace, not means per iteration"]
+
+
+# Why kernel events of compiled graphs can lack a call hierarchy, whatever the flags are now.
+NO_SCOPE_CAUSES = (
+    "record_call_hierarchy or trace.provenance_tracking_to_timeline off when the graphs were compiled; graphs "
+    "loaded from a warm FX-graph or AOTAutograd cache (their kernels' hierarchies are not cached yet: run with "
+    "TORCHINDUCTOR_FX_GRAPH_CACHE=0 TORCHINDUCTOR_AUTOGRAD_CACHE=0); a second trace of the same process "
+    "(inductor_trace_handler annotates the first); or kernels the handler does not match")
 
 
 def scope_labels(call_hierarchy: Sequence[Any]) -> tuple[str, ...]:
@@ -150,6 +168,9 @@ def profile_from_events(events: list[dict[str, Any]]) -> TraceProfile:
         samples.append(Sample(Attribution(scope, kernel), dur, dur, device, ts))
         step_of.append(_within(steps, ts))
     if not samples:
+        if without:
+            raise TraceError(f"no event of the trace has args.call_hierarchy, but {without} kernel event(s) of "
+                             f"compiled graphs are in it. Possible causes: {NO_SCOPE_CAUSES}")
         raise TraceError("no event of the trace has args.call_hierarchy: profile with "
                          "torch._dynamo.config.record_call_hierarchy = True and "
                          "torch._inductor.config.trace.provenance_tracking_to_timeline = True, and write the "
@@ -166,4 +187,4 @@ def profile_from_events(events: list[dict[str, Any]]) -> TraceProfile:
         iterations, by_step = 1, None
     root = build_tree(samples, iterations, COMPILED_FRAME, by_step)
     host_calls = sum(1 for s in samples if not s.device)
-    return TraceProfile(root, iterations, host_calls, len(samples) - host_calls, without)
+    return TraceProfile(root, iterations, host_calls, len(samples) - host_calls, without, by_step is not None)
