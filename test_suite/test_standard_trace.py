@@ -243,19 +243,41 @@ def without_call_hierarchy(value: Any) -> Any:
 
 def test_handler_output_is_upstreams_where_no_kernel_has_a_call_hierarchy(tmp_path: Path) -> None:
     import torch._inductor.profiler as patched
+    from torch._guards import CompileContext, CompileId, compile_context
+    from torch._inductor.debug import register_kernel_call_hierarchies
 
     wheel = wheel_profiler()
     trace, info = cuda_shaped_trace()
     flag_off = without_call_hierarchy(info)
     upstream = through(wheel, trace, flag_off)
-    assert b'"stack"' in upstream  # the device kernels were annotated: the path the patch changed
+    assert b'"stack"' in upstream  # the device kernels were annotated
+    # the stack pass is upstream's, whatever the kernel information holds
     assert through(patched, trace, flag_off) == upstream
-    # flag on, the patch only adds the two keys: to the Triton kernel and the host mm
-    on = json.loads(through(patched, trace, info))
-    assert without_call_hierarchy(on) == json.loads(upstream)
-    # (upstream finds an extern's device kernel only through a with_stack python_function event)
+    assert through(patched, trace, info) == through(wheel, trace, info)
+    # no graph registered (flag off): the hierarchy pass writes the trace as it was
+    assert patched._add_kernel_call_hierarchies(copy.deepcopy(trace)) == trace
+
+    # flag on: a live graph of the region, named by its graph call's range, adds the keys
+    # to its Triton kernel and its host mm, and nothing else
+    class Graph:
+        _fx_graph_cache_key = "fkey"
+        _kernel_call_hierarchies = {
+            "kernels": {k: {key: v for key, v in i.items() if key.startswith("call_hierarchy")}
+                        for k, i in info[str(("Torch-Compiled Region: 0/0", False))].items()},
+            "calls_in_code_order": True}
+
+    called = copy.deepcopy(trace)
+    called["traceEvents"].insert(1, {"ph": "X", "name": "## Call CompiledFxGraph fkey ##", "cat": "cpu_op",
+                                     "ts": 5, "dur": 90, "pid": 0, "tid": 1, "args": {}})
+    graph = Graph()
+    with compile_context(CompileContext(CompileId(frame_id=0, frame_compile_id=0))):
+        register_kernel_call_hierarchies(graph, is_backward=False)
+    on = patched._add_kernel_call_hierarchies(copy.deepcopy(called))
+    assert without_call_hierarchy(on) == called
     annotated = {e["name"] for e in on["traceEvents"] if "call_hierarchy" in e.get("args", {})}
     assert annotated == {"triton_poi_fused_add_0", "aten::mm"}
+    del graph  # the graph's hierarchies go with it
+    assert patched._add_kernel_call_hierarchies(copy.deepcopy(called)) == called
 
 
 # --------------------------------------------------------------------------- the same figures either way
@@ -335,9 +357,9 @@ def test_a_trace_without_profiler_steps_warns_that_times_are_totals(handler_trac
 
 
 def test_compiled_kernels_without_scopes_name_every_cause(handler_trace: Path, tmp_path: Path) -> None:
-    """Flags on but graphs from a warm cache (or a second trace): the error does not only blame the flags."""
+    """Flags on but graphs from a flag-off cache entry, or freed: the error does not only blame the flags."""
     stripped = rewritten(handler_trace, tmp_path / "stripped.json", lambda e: True,
                          lambda e: (e.get("args") or {}).pop("call_hierarchy", None))
     with pytest.raises(TraceError, match="kernel event.s. of compiled graphs are in it") as info:
         read_trace(stripped)
-    assert "warm FX-graph or AOTAutograd cache" in str(info.value) and "second trace" in str(info.value)
+    assert "warm FX-graph or AOTAutograd cache" in str(info.value) and "were freed" in str(info.value)

@@ -72,9 +72,10 @@ class TraceProfile:
 # Why kernel events of compiled graphs can lack a call hierarchy, whatever the flags are now.
 NO_SCOPE_CAUSES = (
     "record_call_hierarchy or trace.provenance_tracking_to_timeline off when the graphs were compiled; graphs "
-    "loaded from a warm FX-graph or AOTAutograd cache (their kernels' hierarchies are not cached yet: run with "
-    "TORCHINDUCTOR_FX_GRAPH_CACHE=0 TORCHINDUCTOR_AUTOGRAD_CACHE=0); a second trace of the same process "
-    "(inductor_trace_handler annotates the first); or kernels the handler does not match")
+    "loaded from a warm FX-graph or AOTAutograd cache entry written with record_call_hierarchy off (the flag is "
+    "not part of the cache key: run once with TORCHINDUCTOR_FX_GRAPH_CACHE=0 TORCHINDUCTOR_AUTOGRAD_CACHE=0); "
+    "a trace written after the compiled graphs were freed (inductor_trace_handler reads the hierarchies of live "
+    "graphs); or kernels the handler does not match (kernels replayed inside CUDA graphs)")
 
 
 def scope_labels(call_hierarchy: Sequence[Any]) -> tuple[str, ...]:
