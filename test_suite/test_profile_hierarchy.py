@@ -1237,6 +1237,24 @@ def _sample(scope: tuple[str, ...], kernel: str, self_us: float, start_us: float
     return Sample(Attribution(scope, kernel), self_us, self_us, **when)
 
 
+def test_forward_and_backward_time_side_by_side() -> None:
+    """A backward kernel counts under the scope of the forward ops it differentiates; the tree
+    gives each scope's total in forward and backward parts (only where a backward ran)."""
+    from scripts.hierarchy_profiler.annotate import Attribution, Sample
+    from scripts.hierarchy_profiler.tree import build_tree, format_tree
+
+    lin0 = ("Nested", "layers.0 (Block)")
+    samples = [_sample(lin0, "cpp_fused_a_0", 30.0), _sample(("Nested", "layers.1 (Block)"), "cpp_fused_b_1", 10.0),
+               Sample(Attribution(lin0, "cpp_fused_c_0 (bw)", True), 20.0, 20.0)]
+    text = format_tree(build_tree(samples, 1, "Nested"), timed=True)
+    header, _, *rows = text.splitlines()
+    assert header.split()[8:] == ["fwd", "ms", "bw", "ms"], header
+    by_label = {row.split()[0]: row.split()[-2:] for row in rows}
+    assert by_label["Nested"] == ["0.040", "0.020"] and by_label["layers.0"] == ["0.030", "0.020"], rows
+    assert by_label["layers.1"] == ["0.010", "0.000"], rows
+    assert "bw ms" not in format_tree(build_tree(samples[:2], 1, "Nested"), timed=True)  # inference: no columns
+
+
 def test_scopes_outside_the_model_printed_beside_its_root() -> None:
     """``torch.compile(train_step)(model, batch)``: the step function's own scope is printed beside
     the model's root (tree, folded stacks, flame graph), not as a child of it; the model's root

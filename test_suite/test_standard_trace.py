@@ -114,6 +114,17 @@ def test_upstream_handler_trace_gives_the_scope_tree(handler_trace: Path) -> Non
     assert calls * profile.iterations == pytest.approx(len(annotated))
     text = format_tree(profile.root, timed=True, unit="kernel")
     assert "layers.1 (Layer)" in text and "median ms" in text
+    # forward and backward side by side: the backward part is the time of the (bw) kernel calls
+    assert text.splitlines()[0].split()[8:10] == ["fwd", "ms"] and "bw ms" in text.splitlines()[0]
+    bw_us = sum(float(e["dur"]) for e in annotated if is_backward_call(doc, e)) / profile.iterations
+    assert profile.root.total_bw_ns / 1000 == pytest.approx(bw_us)
+    assert 0 < profile.root.total_bw_ns < profile.root.total_ns
+
+
+def is_backward_call(doc: dict[str, Any], event: dict[str, Any]) -> bool:
+    """A host event inside a ``CompiledFunctionBackward`` range of its thread."""
+    return any(r.get("ph") == "X" and r.get("name") == "CompiledFunctionBackward" and r["tid"] == event["tid"]
+               and r["ts"] <= event["ts"] <= r["ts"] + r["dur"] for r in doc["traceEvents"])
 
 
 def test_trace_without_call_hierarchy_is_refused(tmp_path: Path) -> None:

@@ -161,12 +161,13 @@ def profile_from_events(events: list[dict[str, Any]]) -> TraceProfile:
         if scope is None:
             scope = labels[key] = scope_labels(hierarchy)
         kernel = _GRAPH_PREFIX.sub("", e.get("name", ""))
-        if _within(backward.get(tid, []), ts) >= 0:
+        is_backward = _within(backward.get(tid, []), ts) >= 0
+        if is_backward:
             kernel += " (bw)"
         if device:
             kernel += " [device]"
         dur = float(e.get("dur", 0))
-        samples.append(Sample(Attribution(scope, kernel), dur, dur, device, ts))
+        samples.append(Sample(Attribution(scope, kernel, is_backward), dur, dur, device, ts))
         step_of.append(_within(steps, ts))
     if not samples:
         if without:
