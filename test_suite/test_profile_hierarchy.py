@@ -1255,6 +1255,28 @@ def test_forward_and_backward_time_side_by_side() -> None:
     assert "bw ms" not in format_tree(build_tree(samples[:2], 1, "Nested"), timed=True)  # inference: no columns
 
 
+def test_objects_from_before_the_profile_are_frozen_during_it() -> None:
+    """What compiling left alive is kept out of the collections while the profile runs and is
+    post-processed, and given back after; a process's own frozen objects are left frozen."""
+    import gc
+
+    from scripts.hierarchy_profiler.api import _frozen_gc
+
+    assert gc.get_freeze_count() == 0
+    before = object()  # noqa: F841 (alive before the profile)
+    with _frozen_gc():
+        assert gc.get_freeze_count() > 0
+    assert gc.get_freeze_count() == 0
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        with _frozen_gc():
+            assert gc.get_freeze_count() == frozen
+        assert gc.get_freeze_count() == frozen
+    finally:
+        gc.unfreeze()
+
+
 def test_scopes_outside_the_model_printed_beside_its_root() -> None:
     """``torch.compile(train_step)(model, batch)``: the step function's own scope is printed beside
     the model's root (tree, folded stacks, flame graph), not as a child of it; the model's root
