@@ -27,7 +27,6 @@ from scripts.hierarchy_profiler.cli import main  # noqa: E402
 from scripts.hierarchy_profiler.tree import Scope  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
-EPS_US = 0.002
 
 
 def profile(model: str, backend: str = "inductor", train: bool = False, iters: int = 2,
@@ -261,22 +260,27 @@ def test_trace_events_lie_inside_their_scope_slices(qwen2_train: tuple[Path, str
 
 
 def check_inside_scope_slices(doc: dict[str, Any]) -> None:
-    """Every attributed event lies inside the slices of its scope, on its own track."""
+    """Every attributed event lies inside the slices of its scope, on its own track, at the
+    trace's own resolution (whole nanoseconds: no slice ends before its last kernel)."""
+    def ns(e: dict[str, Any]) -> tuple[int, int]:
+        start = round(e["ts"] * 1000)
+        return start, start + round(e.get("dur", 0) * 1000)
+
     events = _complete(doc)
-    slices: dict[tuple[Any, Any, tuple[str, ...]], list[tuple[float, float]]] = {}
+    slices: dict[tuple[Any, Any, tuple[str, ...]], list[tuple[int, int]]] = {}
     for e in events:
         if e.get("cat") == "call_hierarchy":
             assert e["name"] == e["args"]["call_hierarchy"][-1]
             key = (e["pid"], e["tid"], tuple(e["args"]["call_hierarchy"]))
-            slices.setdefault(key, []).append((e["ts"], e["ts"] + e["dur"]))
+            slices.setdefault(key, []).append(ns(e))
     assert slices
     attributed = [e for e in events if "call_hierarchy" in e.get("args", {}) and e.get("cat") != "call_hierarchy"]
     for e in attributed:
         path = tuple(e["args"]["call_hierarchy"])
-        start, end = e["ts"], e["ts"] + e["dur"]
+        start, end = ns(e)
         for depth in range(1, len(path) + 1):
             ranges = slices.get((e["pid"], e["tid"], path[:depth]), [])
-            assert any(s - EPS_US <= start and end <= t + EPS_US for s, t in ranges), (e["name"], path[:depth])
+            assert any(s <= start and end <= t for s, t in ranges), (e["name"], path[:depth], start, end, ranges)
 
 
 def test_device_kernels_take_their_launch_attribution(monkeypatch: pytest.MonkeyPatch) -> None:

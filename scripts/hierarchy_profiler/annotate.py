@@ -681,15 +681,17 @@ def _scope_slices(nesting: _Nesting, thread: tuple[Any, Any],
     # Only the innermost end is kept current: an outer scope's end is the latest of its own
     # kernels' and of its inner scopes' ends, taken as each inner scope closes.
     labels: Labels = ()
-    starts: list[float] = []
-    ends: list[float] = []
+    starts: list[float] = []  # us, as the kernels' events
+    ends: list[int] = []  # ns
 
     def close(keep: int) -> None:
         while len(starts) > keep:
             depth = len(starts)
             start, end = starts.pop(), ends.pop()
+            # ends in whole nanoseconds, the trace's resolution: microsecond floats of a
+            # timestamp this large cannot hold every nanosecond, and their sums round
             out.append({"name": labels[depth - 1], "cat": SCOPE_CAT, "ph": "X", "pid": pid, "tid": tid,
-                        "ts": start, "dur": round(end - start, 3),
+                        "ts": start, "dur": (end - round(start * 1000)) / 1000,
                         "args": {"call_hierarchy": list(labels[:depth])}})
             if ends and ends[-1] < end:
                 ends[-1] = end
@@ -697,7 +699,7 @@ def _scope_slices(nesting: _Nesting, thread: tuple[Any, Any],
     event_start, dur = nesting.start, nesting.dur
     for c, att in kernel_events:
         start = event_start[c]
-        end = start + dur[c]
+        end = round(start * 1000) + round(dur[c] * 1000)  # ns
         scope = att.scope
         if scope is not labels:
             keep = 0
