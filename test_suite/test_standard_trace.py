@@ -8,6 +8,8 @@ import copy
 import hashlib
 import importlib.util
 import json
+import os
+import re
 import subprocess
 import sys
 from collections.abc import Callable
@@ -374,3 +376,63 @@ def test_compiled_kernels_without_scopes_name_every_cause(handler_trace: Path, t
     with pytest.raises(TraceError, match="kernel event.s. of compiled graphs are in it") as info:
         read_trace(stripped)
     assert "warm FX-graph or AOTAutograd cache" in str(info.value) and "were freed" in str(info.value)
+
+
+# --------------------------------------------------------------------------- the way people run training
+
+_TRAIN_TWICE = """
+import json, os, re, sys
+import torch
+from torch._dynamo.utils import counters
+from torch._inductor.profiler import inductor_trace_handler
+from scripts.hierarchy_profiler import models
+
+out = sys.argv[1]
+torch._dynamo.config.record_call_hierarchy = True
+torch._inductor.config.trace.provenance_tracking_to_timeline = True
+torch._inductor.config.cpp.enable_kernel_profile = True
+workload = models.qwen2(layers=2)
+model = workload.model.train()
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+compiled = torch.compile(model)
+schedule = torch.profiler.schedule(wait=1, warmup=1, active=1, repeat=2)
+with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], schedule=schedule,
+                            on_trace_ready=inductor_trace_handler(out)) as prof:
+    for _ in range(6):
+        workload.loss_of(compiled(*workload.args, **workload.kwargs)).backward()
+        opt.step()
+        opt.zero_grad()
+        prof.step()
+print(json.dumps(counters["inductor"]["fxgraph_cache_hit"] + counters["aot_autograd"]["autograd_cache_hit"]))
+"""
+
+
+def compiled_kernel_events(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """The host events of compiled kernels: C++ kernels and the extern matmuls."""
+    return [e for e in doc["traceEvents"] if e.get("ph") == "X" and (
+        re.fullmatch(r"(graph_\d+_)?cpp_\w+", e["name"]) or e["name"] in ("aten::addmm", "aten::mm", "aten::bmm"))]
+
+
+def test_training_script_run_twice_annotates_every_kernel_of_every_trace(tmp_path: Path) -> None:
+    """A user's training script, PyTorch's compile caches at their defaults, profiled periodically
+    (``schedule(..., repeat=2)``), run twice: the second process hits the FX-graph and AOTAutograd
+    caches. Every compiled kernel event of all four traces carries its scope, the same in both."""
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "cache"),
+           "PYTHONPATH": str(ROOT)}
+    runs = []
+    for run in ("cold", "warm"):
+        out = tmp_path / run
+        proc = subprocess.run([sys.executable, "-c", _TRAIN_TWICE, str(out)], env=env, capture_output=True,
+                              text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        hits = json.loads(proc.stdout.strip().splitlines()[-1])
+        traces = [json.loads(p.read_text()) for p in sorted(out.glob("*.pt.trace.json"))]
+        assert len(traces) == 2, run
+        runs.append((hits, [[(e["name"], e["args"].get("call_hierarchy")) for e in compiled_kernel_events(t)]
+                            for t in traces]))
+    (cold_hits, cold), (warm_hits, warm) = runs
+    assert cold_hits == 0 and warm_hits > 0
+    for events in (*cold, *warm):
+        assert len(events) > 20
+        assert [name for name, h in events if h is None] == []
+    assert warm == cold and cold[0] == cold[1]
