@@ -248,7 +248,7 @@ def cuda_shaped_trace() -> tuple[dict[str, Any], dict[str, Any]]:
 def without_call_hierarchy(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: without_call_hierarchy(v) for k, v in value.items()
-                if k not in ("call_hierarchy", "call_hierarchy_sources")}
+                if k not in ("call_hierarchy", "call_hierarchy_sources", "call_hierarchy_candidates")}
     if isinstance(value, list):
         return [without_call_hierarchy(v) for v in value]
     return value
