@@ -27,6 +27,7 @@ from collections.abc import Callable
 import torch
 
 from scripts.hierarchy_profiler import CallHierarchyProfiler, capture, jsonio, models
+from scripts.hierarchy_profiler.api import _frozen_gc
 
 
 def _step(workload: models.Workload, compiled: Callable[..., object]) -> None:
@@ -87,15 +88,16 @@ def postprocessing(iters: int, layers: int, rounds: int) -> list[PostProcessing]
         _step(workload, compiled)
         for _ in range(rounds):
             prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
-            start, start_cpu = time.perf_counter(), time.process_time()
-            with prof:  # the iterations and the profiler's own start/stop
-                for _ in range(iters):
-                    _step(workload, compiled)
-            run_s, run_cpu = time.perf_counter() - start, time.process_time() - start_cpu
-            hp.capture.scopes.clear_caches()  # as cold as the first annotate of a process
-            start, start_cpu = time.perf_counter(), time.process_time()
-            result = hp.annotate(prof, iters)
-            post_s, post_cpu = time.perf_counter() - start, time.process_time() - start_cpu
+            with _frozen_gc():  # as hp.profile(): what compiling left is collected first
+                start, start_cpu = time.perf_counter(), time.process_time()
+                with prof:  # the iterations and the profiler's own start/stop
+                    for _ in range(iters):
+                        _step(workload, compiled)
+                run_s, run_cpu = time.perf_counter() - start, time.process_time() - start_cpu
+                hp.capture.scopes.clear_caches()  # as cold as the first annotate of a process
+                start, start_cpu = time.perf_counter(), time.process_time()
+                result = hp.annotate(prof, iters)
+                post_s, post_cpu = time.perf_counter() - start, time.process_time() - start_cpu
             out.append(PostProcessing(len(result.trace["traceEvents"]), run_s, run_cpu, post_s, post_cpu,
                                       result.timings))
             del prof, result
