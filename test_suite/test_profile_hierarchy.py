@@ -1688,3 +1688,32 @@ def test_fullgraph_on_a_model_with_a_graph_break_is_one_line(tmp_path: Path) -> 
     assert len(lines) == 1 and lines[0].startswith("error: --fullgraph: nested-graph-break has a graph break ("), (
         proc.stderr)
     assert "Traceback" not in proc.stderr and "without --fullgraph" in lines[0]
+
+
+def test_fx_graph_cache_stays_on() -> None:
+    """The API keeps the FX graph cache on. A hit is attributed from the kernel scopes its entry
+    carries (patch 0019), as the cold compile was; a hit of an entry written with the flag off
+    (the flag is not in the cache key) is compiled again, and attributed all the same."""
+    from torch._dynamo.utils import counters
+    from torch._inductor.utils import fresh_cache
+
+    def run() -> tuple[ProfileResult, int]:
+        counters.clear()
+        result = profile("nested", train=False)
+        assert result.report.share >= 0.99, result.summary()
+        return result, counters["inductor"]["fxgraph_cache_hit"]
+
+    with fresh_cache():
+        (cold, cold_hits), (warm, warm_hits) = run(), run()
+    assert cold_hits == 0 and warm_hits > 0
+    assert counts_by_path(warm.root, True) == counts_by_path(cold.root, True)
+    with fresh_cache():
+        torch._dynamo.reset()
+        plain = models.build("nested")
+        plain.model.train(False)
+        with torch._inductor.config.patch({"trace.provenance_tracking_level": 1, "cpp.enable_kernel_profile": True}), \
+                torch.no_grad():
+            torch.compile(plain.model)(*plain.args)  # the flag off: an entry without scopes
+        after_flag_off, hits = run()
+    assert hits > 0
+    assert counts_by_path(after_flag_off.root, True) == counts_by_path(cold.root, True)

@@ -20,8 +20,10 @@ Example (the CLI, :mod:`.cli`, is built on this)::
 
 While ``with hp`` is active: ``torch._dynamo.config.record_call_hierarchy`` is on,
 Inductor records kernel provenance (``trace.provenance_tracking_level = 1``) and profiles its
-CPU kernels (``cpp.enable_kernel_profile``), the FX-graph and AOTAutograd caches are off (a
-cache hit skips the codegen that provenance comes from), and every graph Inductor compiles
+CPU kernels (``cpp.enable_kernel_profile``), the FX graph cache stays on (a hit's entry carries
+its kernels' scopes, patch 0019; an entry written with the flag off is compiled again, without
+the cache), the AOTAutograd cache is off (a hit would skip the compile the capture sees graphs
+by), and every graph Inductor compiles
 for the default backend goes through :class:`~.capture.Capture`.  Compile inside it: graphs
 compiled before are not known (their events are reported as unattributed).  For the
 ``aot_eager`` backend pass ``backend=hp.backend("aot_eager")`` to ``torch.compile``.
@@ -200,7 +202,6 @@ class CallHierarchyProfiler:
         stack = contextlib.ExitStack()
         stack.enter_context(torch._dynamo.config.patch(record_call_hierarchy=True))
         stack.enter_context(torch._inductor.config.patch({
-            "fx_graph_cache": False,
             "trace.provenance_tracking_level": 1,
             "cpp.enable_kernel_profile": True,
         }))

@@ -547,9 +547,36 @@ def wrapper_calls(source: str, functions: Iterable[str]) -> dict[str, list[tuple
     return out
 
 
+def cached_kernel(key: str, info: dict[str, Any] | None) -> Kernel:
+    """A kernel of a graph loaded from the FX graph cache, which ran no codegen: its scope is the
+    one the cache entry carries (patch 0019's ``CompiledFxGraph._kernel_call_hierarchies``)."""
+    from torch.fx.call_hierarchy import call_hierarchy_from_dicts
+
+    name = key.rpartition(":")[0] or key
+    hierarchy: Hierarchy = ()
+    sources: tuple[Hierarchy, ...] = ()
+    if info is not None:
+        hierarchy = tuple(call_hierarchy_from_dicts(info["call_hierarchy"]))
+        sources = tuple(tuple(call_hierarchy_from_dicts(h)) for h in info.get("call_hierarchy_sources", ()))
+    return Kernel(kernel_key(name), name if name.startswith("aten::") else kernel_key(name), hierarchy, sources)
+
+
+def cached_provenance(compiled: Any) -> tuple[dict[str, list[str]], dict[str, Any]] | None:
+    """For a graph loaded from the FX graph cache: its kernel keys in code order (from the
+    provenance comments of its cached code) and the scopes its entry carries; ``None`` if the
+    entry carries none (written with ``record_call_hierarchy`` off, or without patch 0019)."""
+    recorded = getattr(compiled, "_kernel_call_hierarchies", None)
+    source = getattr(compiled, "source_code", None)
+    if recorded is None or not source:
+        return None
+    keys = [f"{m.group(1)}:{m.group(2)}" for m in map(_HANDLE.search, source.splitlines()) if m]
+    return {key: [] for key in keys}, recorded["kernels"]
+
+
 def inductor_kernels(graph: CompiledGraph, gm: fx.GraphModule, provenance: dict[str, list[str]],
-                     source: str | None) -> None:
-    """Fill ``graph.kernels`` from Inductor's kernel -> post-grad node provenance, in call order."""
+                     source: str | None, cached: dict[str, Any] | None = None) -> None:
+    """Fill ``graph.kernels`` from Inductor's kernel -> post-grad node provenance, in call order;
+    for a graph loaded from the FX graph cache, from the scopes its entry carries (``cached``)."""
     modules = {name: m for name, m in gm.named_modules() if isinstance(m, fx.GraphModule)}
     tables = {name: {n.name: n for n in m.graph.nodes} for name, m in modules.items()}
     sites = {name: _call_sites(m, graph.backward) for name, m in modules.items()}
@@ -558,6 +585,8 @@ def inductor_kernels(graph: CompiledGraph, gm: fx.GraphModule, provenance: dict[
     branches = {b for c in conds.values() for b in c}
 
     def kernel(key: str, table: dict[str, fx.Node]) -> Kernel:
+        if cached is not None:
+            return cached_kernel(key, cached.get(key))
         kernel_name = key.rpartition(":")[0] or key
         found = [table[o] for o in provenance.get(key, ()) if o in table]
         # A fallback extern kernel also lists the nodes that computed its inputs: keep the
@@ -728,6 +757,8 @@ class Capture:
         self.scopes = RuntimeScopes(model)
         self.graphs: list[CompiledGraph] = []
         self.num_dynamo_graphs = 0
+        # hits of the FX graph cache whose entries carry no kernel scopes, compiled again
+        self.recompiled_hits = 0
         self.stacks: list[tuple[str, ...]] = []
         self._stack_ids: dict[tuple[tuple[str, ...], str | None], int] = {}
         # per stack id: the label of the function outside the model a Dynamo graph run was
@@ -861,19 +892,36 @@ class Capture:
 
     def _inner_compile(self, dynamo_graph: int, inner: Callable[..., Any] | None) -> Callable[..., Any]:
         import torch._inductor.debug as inductor_debug
+        from torch._dynamo.utils import counters
         from torch._inductor.compile_fx import compile_fx_inner
 
         inner = inner or compile_fx_inner
 
         def inner_compile(gm: fx.GraphModule, example_inputs: Any, **kwargs: Any) -> Any:
             before = set(inductor_debug._inductor_triton_kernel_to_post_grad_node_info)
+            hits = counters["inductor"]["fxgraph_cache_hit"]
             compiled = inner(gm, example_inputs, **kwargs)
             info = inductor_debug._inductor_triton_kernel_to_post_grad_node_info
             provenance = {k: list(v) for k, v in info.items() if k not in before}
+            cached = None
+            if counters["inductor"]["fxgraph_cache_hit"] > hits:  # from the FX graph cache: no codegen ran
+                found = cached_provenance(compiled)
+                if found is None:
+                    # an entry that carries no scopes (record_call_hierarchy is not in the cache
+                    # key): compile the graph again, without the cache
+                    self.recompiled_hits += 1
+                    context = torch._guards.TracingContext.try_get()
+                    if context is not None and context.output_strides:
+                        context.output_strides.clear()  # the hit set them; the compile sets them again
+                    with torch._inductor.config.patch(fx_graph_cache=False):
+                        compiled = inner(gm, example_inputs, **kwargs)
+                    provenance = {k: list(v) for k, v in info.items() if k not in before}
+                else:
+                    provenance, cached = found
             kind = "backward" if kwargs.get("is_backward") else (
                 "inference" if kwargs.get("is_inference") else "forward")
             graph = self.new_graph(dynamo_graph, kind, "inductor")
-            inductor_kernels(graph, gm, provenance, getattr(compiled, "source_code", None))
+            inductor_kernels(graph, gm, provenance, getattr(compiled, "source_code", None), cached)
             add_host_reads(graph)
             self._label_calls(compiled, graph)
             return compiled
