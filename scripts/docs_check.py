@@ -1,4 +1,4 @@
-"""Build the series' docs pages and the docstrings they autodoc with Sphinx -W.
+"""Build the series' docs pages with Sphinx -W, and check this repository's own pages.
 
 Usage: python3 -m scripts.docs_check [--venv .venv] [--keep DIR]   (from the repository root)
 
@@ -6,9 +6,15 @@ Takes the docs/source/ files the patches add, puts them in a small Sphinx projec
 conf.py with MyST and autodoc, an index whose toctree mirrors upstream's torch.compiler.md),
 and builds HTML with the venv's Python, whose torch has the series installed, so
 `automodule:: torch.fx.call_hierarchy` documents the patched module. Any warning fails.
+
+README.md and the docs/*.md pages it links are checked against the repository: every relative
+link resolves (file and heading), every docs/ page is linked from README.md, every path under
+scripts/, test_suite/, ci/ or patches/ they name exists, and every `python3 -m scripts.series`
+subcommand they show is one the workbench has.
 """
 
 import argparse
+import re
 import shutil
 import subprocess
 import sys
@@ -33,6 +39,62 @@ def extract_docs(patches: list[series.Patch], dest: Path) -> list[str]:
             raise series.SeriesError(f"cannot extract the docs files of {patch.name} from the patches alone "
                                      f"(it changes an existing upstream page?): {proc.stderr.strip()}")
     return sorted(str(p.relative_to(dest)) for p in (dest / "docs" / "source").rglob("*") if p.is_file())
+
+
+# Paths in backticks that must exist (outputs under build/ are not checked).
+_REPO_PATH = re.compile(r"`((?:scripts|test_suite|ci|patches)/[\w./-]*\w)")
+_LINK = re.compile(r"\]\(([^)\s]+)\)")
+_SERIES_COMMAND = re.compile(r"python3 -m scripts\.series ([a-z][\w-]*)")
+
+
+def heading_anchors(text: str) -> set[str]:
+    """The anchors of a Markdown page's headings, as GitHub makes them."""
+    anchors = set()
+    for line in text.splitlines():
+        if line.startswith("#"):
+            title = line.lstrip("#").strip().lower()
+            anchors.add(re.sub(r"[^\w\- ]", "", title).replace(" ", "-"))
+    return anchors
+
+
+def check_repository_pages(root: Path, commands: set[str]) -> list[str]:
+    """What is wrong in README.md and the docs/*.md pages (see the module docstring)."""
+    problems = []
+    readme = root / "README.md"
+    pages = [readme, *sorted((root / "docs").glob("*.md"))]
+    linked: set[Path] = set()
+    for page in pages:
+        text = page.read_text()
+        name = page.relative_to(root)
+        for target in _LINK.findall(text):
+            if re.match(r"[a-z]+:", target):
+                continue
+            path, _, anchor = target.partition("#")
+            resolved = (page.parent / path).resolve() if path else page
+            if not resolved.exists():
+                problems.append(f"{name}: link to {target}: no such file")
+                continue
+            linked.add(resolved)
+            if anchor and resolved.suffix == ".md" and anchor not in heading_anchors(resolved.read_text()):
+                problems.append(f"{name}: link to {target}: no such heading")
+        for path in _REPO_PATH.findall(text):
+            if not any((root / path).parent.glob((root / path).name)):
+                problems.append(f"{name}: names {path}, which does not exist")
+        for command in _SERIES_COMMAND.findall(text):
+            if command not in commands:
+                problems.append(f"{name}: shows `python3 -m scripts.series {command}`, which is no subcommand")
+    for page in pages[1:]:
+        if page.resolve() not in linked:
+            problems.append(f"{page.relative_to(root)} is not linked from README.md")
+    return problems
+
+
+def series_commands() -> set[str]:
+    """The subcommands of `python3 -m scripts.series`."""
+    from scripts.series import cli
+
+    actions = [a for a in cli.parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    return {name for action in actions for name in action.choices}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -66,7 +128,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"docs check: {', '.join(pages)} with Sphinx -W: {'ok' if proc.returncode == 0 else 'FAILED'}")
     if proc.returncode != 0:
         print((proc.stdout + proc.stderr).strip())
-    return proc.returncode
+    problems = check_repository_pages(ROOT, series_commands())
+    print(f"docs check: README.md and docs/*.md against the repository: {'ok' if not problems else 'FAILED'}")
+    for problem in problems:
+        print(f"  {problem}")
+    return proc.returncode or int(bool(problems))
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""What the call-hierarchy profiler costs (figures for README.md): not run by the tests.
+"""What the call-hierarchy profiler costs (figures for docs/profiler.md, "Cost"): not run by the tests.
 
 1. Runtime: the same compiled tiny Qwen2 (Inductor, training), measured iterations under
    ``torch.profiler`` with the profiler's ranges and runtime module stacks on ("annotating")
