@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import csv
 import json
 import os
 import subprocess
@@ -219,9 +220,14 @@ def test_qwen2_train_prints_scopes_and_share(qwen2_train: tuple[Path, str]) -> N
     for text in ("layers.1 (Qwen2DecoderLayer)", "self_attn (Qwen2Attention)", "q_proj (Linear)",
                  "total ms", "self ms", "mean of 2 measured iteration(s)"):
         assert text in stdout
-    for name in ("trace.json", "hierarchy.folded", "hierarchy_us.folded", "flamegraph.svg"):
+    for name in ("trace.json", "scopes.csv", "hierarchy.folded", "hierarchy_us.folded", "flamegraph.svg"):
         assert (out / name).is_file()
         assert str(out / name) in stdout
+    # the scope table: a training run's backward time shows beside the forward's
+    with (out / "scopes.csv").open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    layer = next(r for r in rows if r["scope"].endswith("> layers.1 (Qwen2DecoderLayer)"))
+    assert float(layer["bw_ms"]) > 0 and float(layer["fwd_ms"]) > 0
 
 
 def _complete(doc: dict[str, Any]) -> list[dict[str, Any]]:

@@ -189,9 +189,34 @@ def test_cli_reads_a_trace_from_another_process(handler_trace: Path, tmp_path: P
     assert proc.returncode == 0, proc.stderr
     assert "layers.1 (Layer)" in proc.stdout and "per iteration" in proc.stdout
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
-        "flamegraph.svg", "hierarchy.folded", "hierarchy_us.folded"]
+        "flamegraph.svg", "hierarchy.folded", "hierarchy_us.folded", "scopes.csv"]
     folded = (tmp_path / "out" / "hierarchy.folded").read_text()
     assert "(compiled frame);layers.0 (Layer);proj (Linear);aten::addmm 1" in folded
+    table = (tmp_path / "out" / "scopes.csv").read_text().splitlines()
+    assert table[0].startswith("scope,depth,label,kernels,")
+    assert any(row.startswith("(compiled frame) > layers.0 (Layer) > proj (Linear),2,") for row in table)
+
+
+def test_scope_table_is_the_tree(handler_trace: Path, tmp_path: Path) -> None:
+    """scopes.csv and to_dataframe() hold the tree's figures, one row per scope in the tree's order."""
+    import pandas
+
+    from scripts.hierarchy_profiler.output import SCOPE_COLUMNS, write_scope_table
+
+    profile = read_trace(handler_trace)
+    frame = profile.to_dataframe()
+    assert list(frame.columns) == list(SCOPE_COLUMNS)
+    nodes = {(profile.root.label, *path): node for _, node, path in _walk(profile.root, ())}
+    assert len(frame) == len(nodes)
+    for row in frame.itertuples():
+        node = nodes[tuple(row.scope.split(" > "))]
+        assert row.total_ms == node.total_ns / 1e6 and row.self_ms == node.self_ns / 1e6
+        assert row.kernels == node.total_count and row.depth == row.scope.count(" > ")
+        assert abs(row.fwd_ms + row.bw_ms - row.total_ms) < 1e-9
+        assert row.median_ms == node.median_ns / 1e6
+    assert frame["bw_ms"].sum() > 0  # the trace is of a training step
+    write_scope_table(tmp_path / "scopes.csv", profile.root)
+    pandas.testing.assert_frame_equal(pandas.read_csv(tmp_path / "scopes.csv"), frame, check_dtype=False)
 
 
 # --------------------------------------------------------------------------- flag off: upstream's output

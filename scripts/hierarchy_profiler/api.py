@@ -57,7 +57,7 @@ from .tree import Scope, build_tree, format_tree
 BACKENDS = ("inductor", "aot_eager")
 UNCAPTURED = ("code compiled before `with hp` (Dynamo reused it, so its graphs were not captured): compile "
               "inside `with hp`, or call torch._dynamo.reset() before it")
-OUTPUT_FILES = ("trace.json", "hierarchy.folded", "hierarchy_us.folded", "flamegraph.svg")
+OUTPUT_FILES = ("trace.json", "scopes.csv", "hierarchy.folded", "hierarchy_us.folded", "flamegraph.svg")
 
 
 class ProfileError(Exception):
@@ -100,15 +100,25 @@ class ProfileResult:
                      f"ATen ops in {UNCAPTURED}")
         return line
 
+    def to_dataframe(self) -> Any:
+        """The tree as a pandas DataFrame, one row per scope (see ``output.SCOPE_COLUMNS``)."""
+        from .output import scope_dataframe
+
+        return scope_dataframe(self.root)
+
     def save(self, out: str | os.PathLike[str]) -> list[Path]:
-        """Write trace.json (the annotated profiler trace), folded stacks and the flame graph."""
-        from .output import write_flamegraph, write_folded
+        """Write trace.json (the annotated profiler trace), the scope table (scopes.csv), folded
+        stacks and the flame graph."""
+        from .output import write_flamegraph, write_folded, write_scope_table
 
         out = prepare_out(Path(out))
         written = []
         trace = out / "trace.json"
         trace.write_bytes(jsonio.dumps(self.trace, self.strict_json))
         written.append(trace)
+        table = out / "scopes.csv"
+        write_scope_table(table, self.root)
+        written.append(table)
         folded = out / "hierarchy.folded"
         write_folded(folded, self.root, timed=False)
         written.append(folded)

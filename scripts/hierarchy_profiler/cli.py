@@ -193,7 +193,7 @@ def _write(out: Path, save: Callable[[], list[Path]]) -> bool:
 
 def run_trace(args: argparse.Namespace) -> int:
     """``--trace FILE``: the tree of a standard trace (see :mod:`.standard_trace`); writes no trace."""
-    from .output import write_flamegraph, write_folded
+    from .output import write_flamegraph, write_folded, write_scope_table
     from .standard_trace import TraceError, read_trace
 
     try:
@@ -214,10 +214,11 @@ def run_trace(args: argparse.Namespace) -> int:
     print()
     def save() -> list[Path]:
         out = prepare_out(args.out)
-        written = [out / "hierarchy.folded", out / "hierarchy_us.folded", out / "flamegraph.svg"]
-        write_folded(written[0], profile.root, timed=False)
-        write_folded(written[1], profile.root, timed=True)
-        write_flamegraph(written[2], profile.root, timed=True, title=f"call hierarchy of {args.trace.name}")
+        written = [out / "scopes.csv", out / "hierarchy.folded", out / "hierarchy_us.folded", out / "flamegraph.svg"]
+        write_scope_table(written[0], profile.root)
+        write_folded(written[1], profile.root, timed=False)
+        write_folded(written[2], profile.root, timed=True)
+        write_flamegraph(written[3], profile.root, timed=True, title=f"call hierarchy of {args.trace.name}")
         return written
 
     return 0 if _write(args.out, save) else 2

@@ -1,9 +1,12 @@
-"""Writers: folded stacks and an SVG flame graph (the trace is the profiler's own, see annotate)."""
+"""Writers: the scope table (CSV, dataframe), folded stacks and an SVG flame graph (the trace is
+the profiler's own, see annotate)."""
 
 from __future__ import annotations
 
+import csv
 import hashlib
 from pathlib import Path
+from typing import Any
 from xml.sax.saxutils import escape
 
 from .tree import Scope, top_level
@@ -39,6 +42,53 @@ def folded_lines(root: Scope, timed: bool) -> list[str]:
 
 def write_folded(path: Path, root: Scope, timed: bool = False) -> None:
     path.write_text("\n".join(folded_lines(root, timed)) + "\n")
+
+
+# --------------------------------------------------------------------------- scope table
+
+# One row per scope, in the tree's order; times are milliseconds per iteration (the tree's), the
+# step columns empty where the iterations are not known apart, "device_ms" where no device ran.
+SCOPE_COLUMNS = ("scope", "depth", "label", "kernels", "self_kernels", "total_ms", "self_ms", "fwd_ms", "bw_ms",
+                 "device_ms", "median_ms", "min_ms", "max_ms")
+
+
+def scope_rows(root: Scope) -> list[dict[str, Any]]:
+    """The scope table: ``scope`` is the path of labels from the top (``a > b``), as in the tree."""
+    rows: list[dict[str, Any]] = []
+
+    def visit(node: Scope, path: tuple[str, ...]) -> None:
+        path = (*path, node.label)
+        steps = node.total_steps_ns
+        rows.append({
+            "scope": " > ".join(path), "depth": len(path) - 1, "label": node.label,
+            "kernels": node.total_count, "self_kernels": node.self_count,
+            "total_ms": node.total_ns / 1e6, "self_ms": node.self_ns / 1e6,
+            "fwd_ms": (node.total_ns - node.total_bw_ns) / 1e6, "bw_ms": node.total_bw_ns / 1e6,
+            "device_ms": node.total_device_ns / 1e6,
+            "median_ms": node.median_ns / 1e6 if node.median_ns is not None else None,
+            "min_ms": min(steps) / 1e6 if steps else None, "max_ms": max(steps) / 1e6 if steps else None,
+        })
+        for child in sorted(node.children.values(), key=lambda c: c.order):
+            visit(child, path)
+
+    for top in top_level(root):
+        visit(top, ())
+    return rows
+
+
+def write_scope_table(path: Path, root: Scope) -> None:
+    """The scope table as CSV, for pandas, spreadsheets or HolisticTraceAnalysis notebooks."""
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=SCOPE_COLUMNS)
+        writer.writeheader()
+        writer.writerows(scope_rows(root))
+
+
+def scope_dataframe(root: Scope) -> Any:
+    """The scope table as a pandas DataFrame (pandas is in the workbench's requirements)."""
+    import pandas
+
+    return pandas.DataFrame(scope_rows(root), columns=list(SCOPE_COLUMNS))
 
 
 # --------------------------------------------------------------------------- SVG flame graph

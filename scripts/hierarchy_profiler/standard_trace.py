@@ -60,6 +60,12 @@ class TraceProfile:
                      f"({NO_SCOPE_CAUSES})")
         return line
 
+    def to_dataframe(self) -> Any:
+        """The tree as a pandas DataFrame, one row per scope (see ``output.SCOPE_COLUMNS``)."""
+        from .output import scope_dataframe
+
+        return scope_dataframe(self.root)
+
     def warnings(self) -> list[str]:
         """What the reader of the tree must know about its figures."""
         if self.stepped:
