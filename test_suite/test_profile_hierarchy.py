@@ -1265,6 +1265,46 @@ def test_forward_and_backward_time_side_by_side() -> None:
     assert "bw ms" not in format_tree(build_tree(samples[:2], 1, "Nested"), timed=True)  # inference: no columns
 
 
+class _CheckpointedBlock(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.gelu(self.proj(x))
+
+
+class _Checkpointed(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = torch.nn.ModuleList([_CheckpointedBlock(), _CheckpointedBlock()])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
+        return x
+
+
+@pytest.mark.parametrize("fx_graph_cache", [False, True])
+def test_recomputation_has_its_own_column(fx_graph_cache: bool) -> None:
+    """Activation checkpointing recomputes each block's Linear in the backward: those kernel calls
+    are the "re ms" column (and `(re)` ops, `call_hierarchy_recomputed` events), apart from the
+    backward's and the forward's, the same from a warm FX graph cache entry as from a cold compile."""
+    with torch._inductor.config.patch(fx_graph_cache=fx_graph_cache):
+        if fx_graph_cache:  # warm: the entries of a first compile are what the profiled compile loads
+            profile_steps(_Checkpointed(), (torch.randn(4, 8, requires_grad=True),), "inductor", train=True)
+        result = profile_steps(_Checkpointed(), (torch.randn(4, 8, requires_grad=True),), "inductor", train=True)
+    root = result.root
+    assert root.total_re_ns > 0 and root.total_bw_ns > 0 and root.total_ns > root.total_bw_ns + root.total_re_ns
+    recomputed = [(node.label, op) for _, node in root.walk() for op in node.ops if op.endswith(" (re)")]
+    assert recomputed and all(label == "proj (Linear)" for label, _ in recomputed), recomputed
+    re_us = sum(s.self_us for s in result.report.samples if s.attribution.recompute)
+    assert root.total_re_ns / 1000 == pytest.approx(re_us)
+    events = [e for e in result.trace["traceEvents"] if e.get("args", {}).get("call_hierarchy_recomputed")]
+    assert events and all(e["args"].get("call_hierarchy_backward") for e in events)
+    assert "re ms" in result.format_tree().splitlines()[0]
+
+
 def test_objects_from_before_the_profile_are_frozen_during_it() -> None:
     """What compiling left alive is kept out of the collections while the profile runs and is
     post-processed, and given back after; a process's own frozen objects are left frozen."""

@@ -24,6 +24,7 @@ from scripts.hierarchy_profiler.standard_trace import (
     TraceError,
     profile_from_events,
     read_trace,
+    scope_labels,
 )
 from scripts.hierarchy_profiler.tree import format_tree
 
@@ -54,6 +55,15 @@ class Net(torch.nn.Module):
         return x.sum()
 
 
+class CheckpointedNet(Net):
+    """Net with each layer under activation checkpointing: its Linear runs again in the backward."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = torch.utils.checkpoint.checkpoint(layer, x, use_reentrant=False)
+        return x.sum()
+
+
 def paths(root) -> dict[str, dict[str, float]]:
     """Scope path -> {kernel: calls per iteration}, below the root."""
     out = {}
@@ -68,12 +78,13 @@ def _walk(node, path):
         yield from _walk(child, (*path, child.label))
 
 
-def profile_with_upstream_handler(out: Path, steps: int = 3, record: bool = True) -> Path:
+def profile_with_upstream_handler(out: Path, steps: int = 3, record: bool = True,
+                                  model_class: type[Net] = Net) -> Path:
     """What a user's own training script does: flag, upstream's handler, no code of this project."""
     from torch._inductor.profiler import inductor_trace_handler
 
     torch._dynamo.reset()
-    model = Net()
+    model = model_class()
     x = torch.randn(4, 8, requires_grad=True)
     with (torch._dynamo.config.patch(record_call_hierarchy=record),
           torch._inductor.config.patch({"trace.provenance_tracking_to_timeline": True,
@@ -119,7 +130,7 @@ def test_upstream_handler_trace_gives_the_scope_tree(handler_trace: Path) -> Non
     # forward and backward side by side: the backward part is the time of the (bw) kernel calls
     assert text.splitlines()[0].split()[8:10] == ["fwd", "ms"] and "bw ms" in text.splitlines()[0]
     bw_us = sum(float(e["dur"]) for e in annotated if is_backward_call(doc, e)) / profile.iterations
-    assert profile.root.total_bw_ns / 1000 == pytest.approx(bw_us)
+    assert (profile.root.total_bw_ns + profile.root.total_re_ns) / 1000 == pytest.approx(bw_us)
     assert 0 < profile.root.total_bw_ns < profile.root.total_ns
 
 
@@ -197,6 +208,32 @@ def test_cli_reads_a_trace_from_another_process(handler_trace: Path, tmp_path: P
     assert any(row.startswith("(compiled frame) > layers.0 (Layer) > proj (Linear),2,") for row in table)
 
 
+def test_forward_backward_and_recomputation_are_the_kernels_own_phases(tmp_path: Path) -> None:
+    """On a checkpointed model, per scope: the forward column is the time of the forward's kernel
+    events, the backward column that of the backward's that differentiate, the recomputation column
+    that of those the handler marks as recomputing forward ops."""
+    trace = profile_with_upstream_handler(tmp_path, model_class=CheckpointedNet)
+    doc = json.loads(trace.read_text())
+    profile = read_trace(trace)
+    phases: dict[tuple[str, ...], list[float]] = {}
+    for e in doc["traceEvents"]:
+        args = e.get("args", {})
+        if e.get("ph") != "X" or "call_hierarchy" not in args or e.get("cat") == "kernel":
+            continue
+        phase = 2 if args.get("call_hierarchy_recomputed") else 1 if is_backward_call(doc, e) else 0
+        scope = (profile.root.label, *scope_labels(args["call_hierarchy"]))
+        for depth in range(1, len(scope) + 1):
+            phases.setdefault(scope[:depth], [0.0, 0.0, 0.0])[phase] += float(e["dur"]) / profile.iterations
+    recomputed = [e for e in doc["traceEvents"] if e.get("args", {}).get("call_hierarchy_recomputed")]
+    assert recomputed and all(is_backward_call(doc, e) for e in recomputed)
+    for _, node, path in _walk(profile.root, ()):
+        fwd, bw, re_ = phases[(profile.root.label, *path)]
+        assert (node.total_ns - node.total_bw_ns - node.total_re_ns) / 1000 == pytest.approx(fwd)
+        assert node.total_bw_ns / 1000 == pytest.approx(bw) and node.total_re_ns / 1000 == pytest.approx(re_)
+    assert "re ms" in format_tree(profile.root, timed=True, unit="kernel").splitlines()[0]
+    assert any(op.endswith(" (re)") for _, node, _ in _walk(profile.root, ()) for op in node.ops)
+
+
 def test_scope_table_is_the_tree(handler_trace: Path, tmp_path: Path) -> None:
     """scopes.csv and to_dataframe() hold the tree's figures, one row per scope in the tree's order."""
     import pandas
@@ -212,7 +249,7 @@ def test_scope_table_is_the_tree(handler_trace: Path, tmp_path: Path) -> None:
         node = nodes[tuple(row.scope.split(" > "))]
         assert row.total_ms == node.total_ns / 1e6 and row.self_ms == node.self_ns / 1e6
         assert row.kernels == node.total_count and row.depth == row.scope.count(" > ")
-        assert abs(row.fwd_ms + row.bw_ms - row.total_ms) < 1e-9
+        assert abs(row.fwd_ms + row.bw_ms + row.re_ms - row.total_ms) < 1e-9
         assert row.median_ms == node.median_ns / 1e6
     assert frame["bw_ms"].sum() > 0  # the trace is of a training step
     write_scope_table(tmp_path / "scopes.csv", profile.root)

@@ -26,9 +26,11 @@ Attribution written into the trace, on every event inside a compiled graph call:
   ``torch.fx.call_hierarchy.format_call_hierarchy``, made absolute with the runtime module
   stack).  An event that cannot be attributed gets the scope it ran in plus
   ``"(unattributed)"`` and ``args["call_hierarchy_unattributed"]`` saying why.
-* ``args["call_hierarchy_kernel"]``: the kernel's name, with `` (bw)`` for backward kernels;
-  ``args["call_hierarchy_backward"]: true`` for a backward kernel (attributed to the forward
-  op it differentiates); ``args["call_hierarchy_sources"]``: the distinct source scopes of a
+* ``args["call_hierarchy_kernel"]``: the kernel's name, with `` (bw)`` for backward kernels
+  (`` (re)`` for those that recompute forward ops); ``args["call_hierarchy_backward"]: true`` for
+  a backward kernel (attributed to the forward op it differentiates);
+  ``args["call_hierarchy_recomputed"]: true`` for one that recomputes forward ops (attributed to
+  them); ``args["call_hierarchy_sources"]``: the distinct source scopes of a
   kernel fused across scopes (it is attributed to their common scope);
   ``args["call_hierarchy_graph"]``: ``"graph G <kind>"``.
 * The events of one attribution (every call of a kernel under one runtime module stack) share
@@ -88,6 +90,7 @@ class Attribution:
     sources: tuple[Labels, ...] = ()
     graph: str = ""
     reason: str | None = None  # why it is unattributed
+    recompute: bool = False  # a backward kernel that recomputes forward ops (see capture.Kernel)
 
     @property
     def attributed(self) -> bool:
@@ -100,6 +103,8 @@ class Attribution:
                                 "call_hierarchy_graph": self.graph}
         if self.backward:
             args["call_hierarchy_backward"] = True
+        if self.recompute:
+            args["call_hierarchy_recomputed"] = True
         if self.sources:
             args["call_hierarchy_sources"] = [list(s) for s in self.sources]
         if self.reason is not None:
@@ -394,8 +399,10 @@ def annotate(doc: dict[str, Any], capture: Capture) -> Report:
                                 for s in kernel.sources)
                 if stack is None and graph.backward:
                     scope = scope[:1] + ("(forward call not in trace)",) + scope[1:]
-                label = kernel.name + (" (bw)" if graph.backward else "")
-                found = kernel_memo[id(kernel)] = Attribution(scope, label, graph.backward, sources, graph_name)
+                recompute = graph.backward and kernel.recompute
+                label = kernel.name + (" (re)" if recompute else " (bw)" if graph.backward else "")
+                found = kernel_memo[id(kernel)] = Attribution(scope, label, graph.backward, sources, graph_name,
+                                                              recompute=recompute)
             return found
 
         def match(calls: Iterable[int], matcher: _Matcher | None, within: Branch | None = None) -> None:
@@ -582,7 +589,7 @@ def _common(atts: list[Attribution]) -> Attribution:
         return atts[0]
     kernel = " + ".join(dict.fromkeys(a.kernel for a in atts))
     return Attribution(common_prefix(scopes), kernel, atts[0].backward, tuple(scopes) if len(scopes) > 1 else (),
-                       atts[0].graph)
+                       atts[0].graph, recompute=all(a.recompute for a in atts))
 
 
 def _stack_id(name: str) -> int | None:

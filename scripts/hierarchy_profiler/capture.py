@@ -321,6 +321,9 @@ class Kernel:
     # invoke_subgraph call sites (outermost first) when the kernel is in a body called from them:
     # its scope is call site(s) + body hierarchy
     sites: tuple[Hierarchy, ...] = ()
+    # a backward graph's kernel made only from forward ops it recomputes (activation checkpointing,
+    # the partitioner's recomputation): none of its nodes differentiates one
+    recompute: bool = False
 
 
 @dataclasses.dataclass
@@ -503,8 +506,10 @@ def _make_kernel(name: str, nodes: Sequence[fx.Node], backward: bool) -> Kernel:
         if h not in distinct:
             distinct.append(h)
     common = common_prefix(distinct)
+    # as patch 0019 marks it: nodes with a hierarchy, none of them a backward op's
+    recompute = backward and bool(hierarchies) and all(n.meta.get("fwd_call_hierarchy") is None for n in nodes)
     return Kernel(kernel_key(name), name if name.startswith("aten::") else kernel_key(name), common,
-                  tuple(distinct) if len(distinct) > 1 else ())
+                  tuple(distinct) if len(distinct) > 1 else (), recompute=recompute)
 
 
 _DEF = re.compile(r"^(\s*)def (\w+)\(")
@@ -555,10 +560,13 @@ def cached_kernel(key: str, info: dict[str, Any] | None) -> Kernel:
     name = key.rpartition(":")[0] or key
     hierarchy: Hierarchy = ()
     sources: tuple[Hierarchy, ...] = ()
+    recompute = False
     if info is not None:
         hierarchy = tuple(call_hierarchy_from_dicts(info["call_hierarchy"]))
         sources = tuple(tuple(call_hierarchy_from_dicts(h)) for h in info.get("call_hierarchy_sources", ()))
-    return Kernel(kernel_key(name), name if name.startswith("aten::") else kernel_key(name), hierarchy, sources)
+        recompute = bool(info.get("call_hierarchy_recomputed"))
+    return Kernel(kernel_key(name), name if name.startswith("aten::") else kernel_key(name), hierarchy, sources,
+                  recompute=recompute)
 
 
 def cached_provenance(compiled: Any) -> tuple[dict[str, list[str]], dict[str, Any]] | None:

@@ -49,7 +49,7 @@ def write_folded(path: Path, root: Scope, timed: bool = False) -> None:
 # One row per scope, in the tree's order; times are milliseconds per iteration (the tree's), the
 # step columns empty where the iterations are not known apart, "device_ms" where no device ran.
 SCOPE_COLUMNS = ("scope", "depth", "label", "kernels", "self_kernels", "total_ms", "self_ms", "fwd_ms", "bw_ms",
-                 "device_ms", "median_ms", "min_ms", "max_ms")
+                 "re_ms", "device_ms", "median_ms", "min_ms", "max_ms")
 
 
 def scope_rows(root: Scope) -> list[dict[str, Any]]:
@@ -63,7 +63,8 @@ def scope_rows(root: Scope) -> list[dict[str, Any]]:
             "scope": " > ".join(path), "depth": len(path) - 1, "label": node.label,
             "kernels": node.total_count, "self_kernels": node.self_count,
             "total_ms": node.total_ns / 1e6, "self_ms": node.self_ns / 1e6,
-            "fwd_ms": (node.total_ns - node.total_bw_ns) / 1e6, "bw_ms": node.total_bw_ns / 1e6,
+            "fwd_ms": (node.total_ns - node.total_bw_ns - node.total_re_ns) / 1e6, "bw_ms": node.total_bw_ns / 1e6,
+            "re_ms": node.total_re_ns / 1e6,
             "device_ms": node.total_device_ns / 1e6,
             "median_ms": node.median_ns / 1e6 if node.median_ns is not None else None,
             "min_ms": min(steps) / 1e6 if steps else None, "max_ms": max(steps) / 1e6 if steps else None,

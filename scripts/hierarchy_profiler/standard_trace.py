@@ -168,12 +168,13 @@ def profile_from_events(events: list[dict[str, Any]]) -> TraceProfile:
             scope = labels[key] = scope_labels(hierarchy)
         kernel = _GRAPH_PREFIX.sub("", e.get("name", ""))
         is_backward = _within(backward.get(tid, []), ts) >= 0
+        recompute = is_backward and bool(args.get("call_hierarchy_recomputed"))
         if is_backward:
-            kernel += " (bw)"
+            kernel += " (re)" if recompute else " (bw)"
         if device:
             kernel += " [device]"
         dur = float(e.get("dur", 0))
-        samples.append(Sample(Attribution(scope, kernel, is_backward), dur, dur, device, ts))
+        samples.append(Sample(Attribution(scope, kernel, is_backward, recompute=recompute), dur, dur, device, ts))
         step_of.append(_within(steps, ts))
     if not samples:
         if without:

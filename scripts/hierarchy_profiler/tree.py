@@ -26,10 +26,13 @@ class Scope:
     self_ns: float = 0.0
     device_ns: float = 0.0  # self
     total_device_ns: float = 0.0
-    # host ns of backward kernel calls (attributed to their forward's scope), self and total:
-    # the rest of ``self_ns``/``total_ns`` is the forward's
+    # host ns of backward kernel calls (attributed to their forward's scope), self and total, apart
+    # from those of backward kernels that recompute forward ops (activation checkpointing, the
+    # partitioner's recomputation): the rest of ``self_ns``/``total_ns`` is the forward's
     self_bw_ns: float = 0.0
     total_bw_ns: float = 0.0
+    self_re_ns: float = 0.0
+    total_re_ns: float = 0.0
     # host ns of each measured iteration, self and total (None: the iterations are not known
     # apart, e.g. ``iterations=N`` without ``prof.step()``): one slow iteration moves the
     # mean, not the median
@@ -69,6 +72,7 @@ def top_level(root: Scope) -> list[Scope]:
     model.total_ns -= sum(c.total_ns for c in outside)
     model.total_device_ns -= sum(c.total_device_ns for c in outside)
     model.total_bw_ns -= sum(c.total_bw_ns for c in outside)
+    model.total_re_ns -= sum(c.total_re_ns for c in outside)
     if model.total_steps_ns is not None:
         model.total_steps_ns = [t - sum(c.total_steps_ns[i] for c in outside if c.total_steps_ns)
                                 for i, t in enumerate(model.total_steps_ns)]
@@ -96,7 +100,10 @@ def build_tree(samples: Sequence[Sample], iterations: int, root_label: str,
         stat[0] += 1
         stat[1] += sample.self_us * 1000.0
         if sample.attribution.backward and not sample.device:
-            node.self_bw_ns += sample.self_us * 1000.0
+            if sample.attribution.recompute:
+                node.self_re_ns += sample.self_us * 1000.0
+            else:
+                node.self_bw_ns += sample.self_us * 1000.0
         if steps is not None and not sample.device:
             if node.self_steps_ns is None:
                 node.self_steps_ns = [0.0] * iterations
@@ -116,6 +123,8 @@ def _sum(node: Scope, iterations: int, by_step: bool) -> None:
     node.device_ns = sum(ns for _, ns in node.device_ops.values())
     node.self_bw_ns /= iterations
     node.total_bw_ns = node.self_bw_ns
+    node.self_re_ns /= iterations
+    node.total_re_ns = node.self_re_ns
     node.total_count = node.self_count
     node.total_ns = node.self_ns
     node.total_device_ns = node.device_ns
@@ -129,6 +138,7 @@ def _sum(node: Scope, iterations: int, by_step: bool) -> None:
         node.total_ns += child.total_ns
         node.total_device_ns += child.total_device_ns
         node.total_bw_ns += child.total_bw_ns
+        node.total_re_ns += child.total_re_ns
         if node.total_steps_ns is not None and child.total_steps_ns is not None:
             node.total_steps_ns = [a + b for a, b in zip(node.total_steps_ns, child.total_steps_ns)]
 
@@ -139,7 +149,8 @@ def format_tree(root: Scope, timed: bool, max_depth: int | None = None, unit: st
     Times are the host's (kernel calls and what they dispatch): the mean per iteration, and,
     where the iterations are known apart (two or more), the median, min and max over them of
     the scope's total; where backward kernels ran, the total's forward and backward parts
-    (a backward kernel counts under the scope of the forward ops it differentiates); where
+    (a backward kernel counts under the scope of the forward ops it differentiates), and, where
+    some recompute forward ops, their part apart from the backward's ("re ms"); where
     device kernels ran, a last column gives the scope's total device time.  Scopes outside the
     model are printed beside the model's root, not below it.
     """
@@ -147,13 +158,16 @@ def format_tree(root: Scope, timed: bool, max_depth: int | None = None, unit: st
     width = max(len(s.label) + 2 * d for top in tops for d, s in top.walk()) + 2
     width = min(width, 100)
     device = timed and root.total_device_ns > 0
-    phases = timed and root.total_bw_ns > 0
+    phases = timed and root.total_bw_ns + root.total_re_ns > 0
+    recomputed = timed and root.total_re_ns > 0
     spread = timed and root.total_steps_ns is not None and len(root.total_steps_ns) > 1
     header = f"{'scope':<{width}} {unit + 's':>7}"
     if timed:
         header += f" {'total ms':>10} {'self ms':>10} {'total %':>8}"
     if phases:
         header += f" {'fwd ms':>10} {'bw ms':>10}"
+    if recomputed:
+        header += f" {'re ms':>10}"
     if spread:
         header += f" {'median ms':>10} {'min ms':>10} {'max ms':>10}"
     if device:
@@ -169,7 +183,10 @@ def format_tree(root: Scope, timed: bool, max_depth: int | None = None, unit: st
             share = 100.0 * node.total_ns / root.total_ns if root.total_ns else 0.0
             line += f" {node.total_ns / 1e6:>10.3f} {node.self_ns / 1e6:>10.3f} {share:>7.1f}%"
         if phases:
-            line += f" {(node.total_ns - node.total_bw_ns) / 1e6:>10.3f} {node.total_bw_ns / 1e6:>10.3f}"
+            fwd_ns = node.total_ns - node.total_bw_ns - node.total_re_ns
+            line += f" {fwd_ns / 1e6:>10.3f} {node.total_bw_ns / 1e6:>10.3f}"
+        if recomputed:
+            line += f" {node.total_re_ns / 1e6:>10.3f}"
         if spread:
             steps = node.total_steps_ns or [0.0]
             line += f" {statistics.median(steps) / 1e6:>10.3f} {min(steps) / 1e6:>10.3f} {max(steps) / 1e6:>10.3f}"
