@@ -498,3 +498,119 @@ def test_training_script_run_twice_annotates_every_kernel_of_every_trace(tmp_pat
         assert len(events) > 20
         assert [name for name, h in events if h is None] == []
     assert warm == cold and cold[0] == cold[1]
+
+
+# --------------------------------------------------------------------------- several ranks
+
+
+def as_rank(trace: Path, out: Path, rank: int, scale: float) -> Path:
+    """A copy of ``trace`` as rank ``rank`` wrote it, its events ``scale`` times as long."""
+    doc = json.loads(trace.read_text())
+    doc["distributedInfo"] = {"backend": "gloo", "rank": rank, "world_size": 2}
+    for event in doc["traceEvents"]:
+        if "dur" in event:
+            event["dur"] = event["dur"] * scale
+    path = out / f"rank{rank}.pt.trace.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_traces_of_several_ranks_give_one_tree_with_the_slowest_rank(handler_trace: Path, tmp_path: Path) -> None:
+    from scripts.hierarchy_profiler.output import folded_lines, scope_rows
+    from scripts.hierarchy_profiler.standard_trace import RankedProfile, read_traces
+    from scripts.hierarchy_profiler.tree import slowest_rank
+
+    # rank 1 is three times as slow; the files' order is not the ranks'
+    slow = as_rank(handler_trace, tmp_path, 1, 3.0)
+    fast = as_rank(handler_trace, tmp_path, 0, 1.0)
+    profile = read_traces([tmp_path])  # a directory, as each rank's handler writes into it
+    assert isinstance(profile, RankedProfile) and sorted(profile.ranks) == [0, 1]
+    assert read_traces([slow, fast]).ranks.keys() == profile.ranks.keys()
+    one = {rank: read_trace(path).root for rank, path in ((0, fast), (1, slow))}
+    assert paths(profile.ranks[0]) == paths(one[0]) and paths(profile.ranks[1]) == paths(one[1])
+    merged, fast_paths = paths(profile.root), paths(one[0])
+    assert merged.keys() == fast_paths.keys()
+
+    def check(node: Any, fast_node: Any) -> None:
+        # the median of t and 3t is 2t; the slowest rank is 1, with 3t
+        assert node.total_ns == pytest.approx(2 * fast_node.total_ns)
+        assert node.total_count == fast_node.total_count
+        if fast_node.total_ns > 0:
+            assert slowest_rank(node) == (1, pytest.approx(3 * fast_node.total_ns))
+        for label, child in node.children.items():
+            check(child, fast_node.children[label])
+
+    check(profile.root, one[0])
+    printed = format_tree(profile.root, timed=True, unit="kernel")
+    assert "slowest" in printed.splitlines()[0] and "rank 1" in printed
+    # the table names the slowest rank of each scope
+    rows = {row["scope"]: row for row in scope_rows(profile.root)}
+    assert rows["(compiled frame) > layers.0 (Layer) > proj (Linear)"]["slowest_rank"] == 1
+    # folded stacks and the flame graph carry the rank
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "scripts.profile_hierarchy", "--trace", str(slow), str(fast),
+                           "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert "2 rank(s)" in proc.stdout and "slowest" in proc.stdout
+    folded = (out / "hierarchy.folded").read_text().splitlines()
+    assert {line.split(";", 1)[0] for line in folded} == {"rank 0", "rank 1"}
+    assert [line.split(";", 1)[1] for line in folded if line.startswith("rank 0;")] == folded_lines(one[0], False)
+    assert "rank 1" in (out / "flamegraph.svg").read_text()
+
+
+def test_ranks_are_read_from_a_directory_of_traces_only(tmp_path: Path) -> None:
+    from scripts.hierarchy_profiler.standard_trace import read_traces
+
+    (tmp_path / "notes.txt").write_text("not a trace")
+    with pytest.raises(TraceError, match="no trace file"):
+        read_traces([tmp_path])
+
+
+TORCHRUN_SCRIPT = '''
+import os, sys
+import torch
+import torch.distributed as dist
+from torch._inductor.profiler import inductor_trace_handler
+from torch.nn.parallel import DistributedDataParallel
+
+sys.path.insert(0, {root!r})
+from test_suite.test_standard_trace import Net
+
+dist.init_process_group("gloo")
+torch._dynamo.config.record_call_hierarchy = True
+torch._inductor.config.trace.provenance_tracking_to_timeline = True
+torch._inductor.config.cpp.enable_kernel_profile = True
+torch.manual_seed(0)
+model = torch.compile(DistributedDataParallel(Net()))
+x = torch.randn(4, 8)
+model(x).backward()
+schedule = torch.profiler.schedule(wait=0, warmup=1, active=2, repeat=1)
+with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], schedule=schedule,
+                            on_trace_ready=inductor_trace_handler({out!r})) as prof:
+    for _ in range(3):
+        model(x).backward()
+        prof.step()
+dist.destroy_process_group()
+'''
+
+
+def test_torchrun_job_traces_give_every_rank_the_same_scopes(tmp_path: Path) -> None:
+    """A DDP training script, launched with torchrun on 2 CPU processes (gloo), profiled with
+    PyTorch's handler on each rank and no code of this project: one tree, scope for scope each
+    rank's own."""
+    from scripts.hierarchy_profiler.standard_trace import RankedProfile, read_traces
+
+    out = tmp_path / "traces"
+    script = tmp_path / "train.py"
+    script.write_text(TORCHRUN_SCRIPT.format(root=str(ROOT), out=str(out)))
+    env = dict(os.environ, OMP_NUM_THREADS="1", TORCHINDUCTOR_FX_GRAPH_CACHE="0", TORCHINDUCTOR_AUTOGRAD_CACHE="0")
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    profile = read_traces([out])
+    assert isinstance(profile, RankedProfile) and sorted(profile.ranks) == [0, 1]
+    scopes = {rank: paths(tree).keys() for rank, tree in profile.ranks.items()}
+    assert scopes[0] == scopes[1] == paths(profile.root).keys()
+    assert any("layers.1 (Layer)" in scope for scope in scopes[0])
+    assert all(profile.kernel_calls[rank] > 0 for rank in (0, 1))

@@ -46,11 +46,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--depth", type=int, default=None, help="print the tree down to this depth (at least 1)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT,
                    help="output directory, relative to the current directory (default %(default)s)")
-    p.add_argument("--trace", type=Path, default=None, metavar="FILE",
+    p.add_argument("--trace", type=Path, nargs="+", default=None, metavar="FILE",
                    help="compile nothing: read FILE, a profiler trace in which PyTorch's inductor_trace_handler "
                    "wrote args.call_hierarchy (any process, record_call_hierarchy and "
                    "trace.provenance_tracking_to_timeline on), and print and write its tree, folded stacks "
-                   "and flame graph")
+                   "and flame graph. Several files or directories (the traces of each rank of a torchrun "
+                   "job): one tree, per scope the median over ranks and the slowest rank")
     return p
 
 
@@ -192,19 +193,32 @@ def _write(out: Path, save: Callable[[], list[Path]]) -> bool:
 
 
 def run_trace(args: argparse.Namespace) -> int:
-    """``--trace FILE``: the tree of a standard trace (see :mod:`.standard_trace`); writes no trace."""
-    from .output import write_flamegraph, write_folded, write_scope_table
-    from .standard_trace import TraceError, read_trace
+    """``--trace FILE...``: the tree of standard traces (see :mod:`.standard_trace`); writes no trace."""
+    from .output import (
+        ranks_root,
+        write_flamegraph,
+        write_folded,
+        write_ranked_folded,
+        write_scope_table,
+    )
+    from .standard_trace import RankedProfile, TraceError, read_traces
 
     try:
-        profile = read_trace(args.trace)
+        profile = read_traces(args.trace)
     except TraceError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    per = (f"mean of {profile.iterations} iteration(s) (its ProfilerStep#N ranges)" if profile.stepped
-           else "totals over the whole trace")
-    print(f"trace {args.trace}: kernel events annotated by inductor_trace_handler; times: the events' own "
-          f"durations, {per}")
+    named = ", ".join(str(p) for p in args.trace)
+    if isinstance(profile, RankedProfile):
+        per = "means of the iterations (their ProfilerStep#N ranges)" if profile.stepped else "totals"
+        print(f"traces {named}: {len(profile.ranks)} rank(s); kernel events annotated by inductor_trace_handler; "
+              f"times: the events' own durations, {per}; per scope the median over the ranks, then the "
+              "slowest rank and its time")
+    else:
+        per = (f"mean of {profile.iterations} iteration(s) (its ProfilerStep#N ranges)" if profile.stepped
+               else "totals over the whole trace")
+        print(f"trace {named}: kernel events annotated by inductor_trace_handler; times: the events' own "
+              f"durations, {per}")
     for warning in profile.warnings():
         print(f"warning: {warning}")
     print()
@@ -212,13 +226,20 @@ def run_trace(args: argparse.Namespace) -> int:
     print()
     print(profile.summary())
     print()
+    title = f"call hierarchy of {named}"
+
     def save() -> list[Path]:
         out = prepare_out(args.out)
         written = [out / "scopes.csv", out / "hierarchy.folded", out / "hierarchy_us.folded", out / "flamegraph.svg"]
         write_scope_table(written[0], profile.root)
-        write_folded(written[1], profile.root, timed=False)
-        write_folded(written[2], profile.root, timed=True)
-        write_flamegraph(written[3], profile.root, timed=True, title=f"call hierarchy of {args.trace.name}")
+        if isinstance(profile, RankedProfile):
+            write_ranked_folded(written[1], profile.ranks, timed=False)
+            write_ranked_folded(written[2], profile.ranks, timed=True)
+            write_flamegraph(written[3], ranks_root(profile.ranks), timed=True, title=title)
+        else:
+            write_folded(written[1], profile.root, timed=False)
+            write_folded(written[2], profile.root, timed=True)
+            write_flamegraph(written[3], profile.root, timed=True, title=title)
         return written
 
     return 0 if _write(args.out, save) else 2

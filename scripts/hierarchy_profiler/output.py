@@ -4,12 +4,13 @@ the profiler's own, see annotate)."""
 from __future__ import annotations
 
 import csv
+import dataclasses
 import hashlib
 from pathlib import Path
 from typing import Any
 from xml.sax.saxutils import escape
 
-from .tree import Scope, top_level
+from .tree import Scope, slowest_rank, top_level
 
 
 def _frame(label: str) -> str:
@@ -44,12 +45,30 @@ def write_folded(path: Path, root: Scope, timed: bool = False) -> None:
     path.write_text("\n".join(folded_lines(root, timed)) + "\n")
 
 
+def write_ranked_folded(path: Path, trees: dict[int, Scope], timed: bool = False) -> None:
+    """Folded stacks of several ranks, each stack starting with its rank's frame (``rank N``)."""
+    lines = [f"rank {rank};{line}" for rank in sorted(trees) for line in folded_lines(trees[rank], timed)]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def ranks_root(trees: dict[int, Scope]) -> Scope:
+    """One tree whose children are the ranks' own trees (``rank N``), for a flame graph that
+    carries the rank."""
+    root = Scope("all ranks")
+    for order, rank in enumerate(sorted(trees)):
+        child = root.children[f"rank {rank}"] = dataclasses.replace(trees[rank], label=f"rank {rank}",
+                                                                     order=order)
+        for name in ("total_count", "total_ns", "total_device_ns", "total_bw_ns", "total_re_ns"):
+            setattr(root, name, getattr(root, name) + getattr(child, name))
+    return root
+
+
 # --------------------------------------------------------------------------- scope table
 
 # One row per scope, in the tree's order; times are milliseconds per iteration (the tree's), the
 # step columns empty where the iterations are not known apart, "device_ms" where no device ran.
 SCOPE_COLUMNS = ("scope", "depth", "label", "kernels", "self_kernels", "total_ms", "self_ms", "fwd_ms", "bw_ms",
-                 "re_ms", "device_ms", "median_ms", "min_ms", "max_ms")
+                 "re_ms", "device_ms", "median_ms", "min_ms", "max_ms", "slowest_rank", "slowest_rank_ms")
 
 
 def scope_rows(root: Scope) -> list[dict[str, Any]]:
@@ -59,6 +78,7 @@ def scope_rows(root: Scope) -> list[dict[str, Any]]:
     def visit(node: Scope, path: tuple[str, ...]) -> None:
         path = (*path, node.label)
         steps = node.total_steps_ns
+        slowest = slowest_rank(node)
         rows.append({
             "scope": " > ".join(path), "depth": len(path) - 1, "label": node.label,
             "kernels": node.total_count, "self_kernels": node.self_count,
@@ -68,6 +88,7 @@ def scope_rows(root: Scope) -> list[dict[str, Any]]:
             "device_ms": node.total_device_ns / 1e6,
             "median_ms": node.median_ns / 1e6 if node.median_ns is not None else None,
             "min_ms": min(steps) / 1e6 if steps else None, "max_ms": max(steps) / 1e6 if steps else None,
+            "slowest_rank": slowest[0] if slowest else None, "slowest_rank_ms": slowest[1] / 1e6 if slowest else None,
         })
         for child in sorted(node.children.values(), key=lambda c: c.order):
             visit(child, path)
@@ -89,7 +110,11 @@ def scope_dataframe(root: Scope) -> Any:
     """The scope table as a pandas DataFrame (pandas is in the workbench's requirements)."""
     import pandas
 
-    return pandas.DataFrame(scope_rows(root), columns=list(SCOPE_COLUMNS))
+    frame = pandas.DataFrame(scope_rows(root), columns=list(SCOPE_COLUMNS))
+    # figures a tree does not have (the spread of one iteration, the ranks of one process) are NaN
+    for column in SCOPE_COLUMNS[3:]:
+        frame[column] = pandas.to_numeric(frame[column])
+    return frame
 
 
 # --------------------------------------------------------------------------- SVG flame graph

@@ -21,6 +21,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import re
+import statistics
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
@@ -28,7 +29,7 @@ from typing import Any
 
 from . import jsonio
 from .annotate import Attribution, Sample
-from .tree import Scope, build_tree
+from .tree import Scope, build_tree, merge_ranks, merge_trees
 
 # Inductor's C++ kernel events (cpp.enable_kernel_profile) are named graph_<id>_<kernel>
 _GRAPH_PREFIX = re.compile(r"^graph_\d+_")
@@ -50,6 +51,8 @@ class TraceProfile:
     without_hierarchy: int
     # whether the iterations are the trace's ProfilerStep#N ranges (False: one, the whole trace)
     stepped: bool = True
+    # the process's rank in a distributed job (the trace's distributedInfo), None outside one
+    rank: int | None = None
 
     def summary(self) -> str:
         per = self.iterations
@@ -132,7 +135,84 @@ def read_trace(path: str | Path) -> TraceProfile:
     if isinstance(doc.get("callHierarchy"), dict):
         raise TraceError(f"--trace {path} is this profiler's annotated trace.json, whose tree it printed when it "
                          "wrote it; --trace reads a trace written by torch.profiler's on_trace_ready handlers")
-    return profile_from_events(events)
+    profile = profile_from_events(events)
+    info = doc.get("distributedInfo")
+    if isinstance(info, dict) and isinstance(info.get("rank"), int):
+        profile.rank = info["rank"]
+    return profile
+
+
+# The names torch.profiler's handlers give trace files (tensorboard_trace_handler: .pt.trace.json[.gz]).
+TRACE_SUFFIXES = (".json", ".json.gz")
+
+
+def trace_files(paths: Sequence[str | Path]) -> list[Path]:
+    """The trace files named: a file, or a directory's ``*.json`` and ``*.json.gz`` files (one or
+    more per rank, as ``inductor_trace_handler`` or ``tensorboard_trace_handler`` write them on
+    each rank of a ``torchrun`` job)."""
+    files: list[Path] = []
+    for path in map(Path, paths):
+        if path.is_dir():
+            found = sorted(p for p in path.iterdir() if p.is_file() and p.name.endswith(TRACE_SUFFIXES))
+            if not found:
+                raise TraceError(f"--trace {path}: a directory with no trace file (*.json, *.json.gz) in it")
+            files += found
+        else:
+            files.append(path)
+    return list(dict.fromkeys(files))
+
+
+@dataclasses.dataclass
+class RankedProfile:
+    """The traces of a distributed run: each rank's profile (several traces of one rank, such as
+    those of a schedule's ``repeat``, are averaged) and their tree (per scope the median over
+    ranks, and the slowest rank)."""
+
+    ranks: dict[int, Scope]
+    root: Scope
+    traces: int
+    kernel_calls: dict[int, float]  # host kernel calls per iteration with a call hierarchy, per rank
+    without_hierarchy: int
+    stepped: bool
+
+    def summary(self) -> str:
+        calls = ", ".join(f"rank {r}: {n:g}" for r, n in sorted(self.kernel_calls.items()))
+        line = (f"{self.traces} trace(s) of {len(self.ranks)} rank(s); host kernel calls per iteration with a "
+                f"call hierarchy: {calls} (scopes relative to the compiled frames)")
+        if self.without_hierarchy:
+            line += (f"\n{self.without_hierarchy} kernel event(s) of compiled graphs have no call hierarchy "
+                     f"({NO_SCOPE_CAUSES})")
+        return line
+
+    def to_dataframe(self) -> Any:
+        """The tree as a pandas DataFrame, one row per scope (see ``output.SCOPE_COLUMNS``)."""
+        from .output import scope_dataframe
+
+        return scope_dataframe(self.root)
+
+    def warnings(self) -> list[str]:
+        if self.stepped:
+            return []
+        return [("a trace has no ProfilerStep#N range around its kernels: its times are totals over the whole "
+                 "trace, not means per iteration")]
+
+
+def read_traces(paths: Sequence[str | Path]) -> TraceProfile | RankedProfile:
+    """One trace's profile, or the profile of several: one per rank (the trace's
+    ``distributedInfo.rank``, else the order of the files), several traces of a rank averaged."""
+    files = trace_files(paths)
+    if len(files) == 1:
+        return read_trace(files[0])
+    profiles = [read_trace(f) for f in files]
+    known = all(p.rank is not None for p in profiles)
+    by_rank: dict[int, list[TraceProfile]] = defaultdict(list)
+    for i, profile in enumerate(profiles):
+        by_rank[profile.rank if known and profile.rank is not None else i].append(profile)
+    trees = {rank: merge_trees([p.root for p in ps], statistics.mean) if len(ps) > 1 else ps[0].root
+             for rank, ps in by_rank.items()}
+    calls = {rank: statistics.mean(p.kernel_calls / p.iterations for p in ps) for rank, ps in by_rank.items()}
+    return RankedProfile(trees, merge_ranks(trees), len(files), calls,
+                         sum(p.without_hierarchy for p in profiles), all(p.stepped for p in profiles))
 
 
 def profile_from_events(events: list[dict[str, Any]]) -> TraceProfile:

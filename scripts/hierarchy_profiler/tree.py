@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from .annotate import Sample
 from .capture import OUTSIDE_SUFFIX
@@ -38,6 +38,8 @@ class Scope:
     # mean, not the median
     self_steps_ns: list[float] | None = None
     total_steps_ns: list[float] | None = None
+    # in a tree of several ranks (:func:`merge_ranks`): each rank's total host ns of the scope
+    rank_ns: dict[int, float] | None = None
 
     def child(self, label: str, order: int) -> Scope:
         node = self.children.get(label)
@@ -143,6 +145,57 @@ def _sum(node: Scope, iterations: int, by_step: bool) -> None:
             node.total_steps_ns = [a + b for a, b in zip(node.total_steps_ns, child.total_steps_ns)]
 
 
+# The figures of a scope that :func:`merge_trees` reduces over trees.
+_FIGURES = ("total_count", "self_count", "total_ns", "self_ns", "device_ns", "total_device_ns", "self_bw_ns",
+            "total_bw_ns", "self_re_ns", "total_re_ns")
+
+
+def merge_trees(trees: Sequence[Scope], reduce: Callable[[list[float]], float],
+                ranks: Sequence[int] | None = None) -> Scope:
+    """One tree for several trees of one program: per scope and per op, ``reduce`` of the figures
+    of every tree (0 in a tree without the scope or op), so the columns of a merged scope need not
+    add up.  ``ranks``: the rank of each tree, kept per scope in :attr:`Scope.rank_ns`.  The
+    per-iteration spread is not merged."""
+    if not trees:
+        raise ValueError("no tree to merge")
+    return _merge(trees[0].label, list(trees), reduce, ranks)
+
+
+def _merge(label: str, nodes: list[Scope | None], reduce: Callable[[list[float]], float],
+           ranks: Sequence[int] | None) -> Scope:
+    present = [n for n in nodes if n is not None]
+    out = Scope(label, order=min(n.order for n in present))
+    for name in _FIGURES:
+        value = reduce([getattr(n, name) if n is not None else 0.0 for n in nodes])
+        setattr(out, name, round(value) if name.endswith("count") else value)
+    for field in ("ops", "device_ops"):
+        stats: dict[str, list[float]] = getattr(out, field)
+        for op in dict.fromkeys(op for n in present for op in getattr(n, field)):
+            pairs = [getattr(n, field).get(op, (0.0, 0.0)) if n is not None else (0.0, 0.0) for n in nodes]
+            stats[op] = [reduce([p[0] for p in pairs]), reduce([p[1] for p in pairs])]
+    if ranks is not None:
+        out.rank_ns = {rank: n.total_ns if n is not None else 0.0 for rank, n in zip(ranks, nodes)}
+    for child in dict.fromkeys(c for n in present for c in n.children):
+        out.children[child] = _merge(child, [n.children.get(child) if n is not None else None for n in nodes],
+                                     reduce, ranks)
+    return out
+
+
+def merge_ranks(trees: dict[int, Scope]) -> Scope:
+    """The tree of a distributed run: per scope the median over ranks of each figure, and each
+    rank's total (:attr:`Scope.rank_ns`, for the slowest rank)."""
+    ranks = sorted(trees)
+    return merge_trees([trees[r] for r in ranks], statistics.median, ranks)
+
+
+def slowest_rank(node: Scope) -> tuple[int, float] | None:
+    """The rank whose total of ``node`` is the largest, and that total (ns); None for one process."""
+    if not node.rank_ns:
+        return None
+    rank = max(node.rank_ns, key=lambda r: (node.rank_ns[r], -r))  # type: ignore[index]
+    return rank, node.rank_ns[rank]
+
+
 def format_tree(root: Scope, timed: bool, max_depth: int | None = None, unit: str = "op") -> str:
     """One line per scope, indented; children by total time (timed) or execution order.
 
@@ -150,8 +203,10 @@ def format_tree(root: Scope, timed: bool, max_depth: int | None = None, unit: st
     where the iterations are known apart (two or more), the median, min and max over them of
     the scope's total; where backward kernels ran, the total's forward and backward parts
     (a backward kernel counts under the scope of the forward ops it differentiates), and, where
-    some recompute forward ops, their part apart from the backward's ("re ms"); where
-    device kernels ran, a last column gives the scope's total device time.  Scopes outside the
+    some recompute forward ops, their part apart from the backward's ("re ms"); in a tree of
+    several ranks (:func:`merge_ranks`), the figures are medians over the ranks, followed by the
+    slowest rank and its total; where device kernels ran, a last column gives the scope's total
+    device time.  Scopes outside the
     model are printed beside the model's root, not below it.
     """
     tops = top_level(root)
@@ -161,6 +216,7 @@ def format_tree(root: Scope, timed: bool, max_depth: int | None = None, unit: st
     phases = timed and root.total_bw_ns + root.total_re_ns > 0
     recomputed = timed and root.total_re_ns > 0
     spread = timed and root.total_steps_ns is not None and len(root.total_steps_ns) > 1
+    ranked = timed and root.rank_ns is not None
     header = f"{'scope':<{width}} {unit + 's':>7}"
     if timed:
         header += f" {'total ms':>10} {'self ms':>10} {'total %':>8}"
@@ -170,6 +226,8 @@ def format_tree(root: Scope, timed: bool, max_depth: int | None = None, unit: st
         header += f" {'re ms':>10}"
     if spread:
         header += f" {'median ms':>10} {'min ms':>10} {'max ms':>10}"
+    if ranked:
+        header += f" {'slowest':>8} {'its ms':>10}"
     if device:
         header += f" {'device ms':>10}"
     lines = [header, "-" * len(header)]
@@ -190,6 +248,9 @@ def format_tree(root: Scope, timed: bool, max_depth: int | None = None, unit: st
         if spread:
             steps = node.total_steps_ns or [0.0]
             line += f" {statistics.median(steps) / 1e6:>10.3f} {min(steps) / 1e6:>10.3f} {max(steps) / 1e6:>10.3f}"
+        if ranked:
+            rank, ns = slowest_rank(node) or (0, 0.0)
+            line += f" {'rank ' + str(rank):>8} {ns / 1e6:>10.3f}"
         if device:
             line += f" {node.total_device_ns / 1e6:>10.3f}"
         lines.append(line)
