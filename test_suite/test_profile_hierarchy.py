@@ -1763,3 +1763,31 @@ def test_fx_graph_cache_stays_on() -> None:
         after_flag_off, hits = run()
     assert hits > 0
     assert counts_by_path(after_flag_off.root, True) == counts_by_path(cold.root, True)
+
+
+def test_nproc_trains_with_ddp_and_attributes_every_rank(tmp_path: Path) -> None:
+    """``--nproc 2``: the model trained with DistributedDataParallel on two CPU processes (gloo), one
+    tree with the median over ranks and the slowest rank, every rank's compiled kernel time
+    attributed; folded stacks per rank."""
+    out = tmp_path / "out"
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, "-P", "-m", "scripts.profile_hierarchy", "--nproc", "2", "--model",
+                           "nested", "--out", str(out)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    assert "DistributedDataParallel on 2 processes (gloo)" in proc.stdout
+    header = next(line for line in lines if line.startswith("scope"))
+    assert "bw ms" in header and "slowest" in header
+    for rank in (0, 1):
+        assert any(line.startswith(f"rank {rank}: attributed: 100.00%") for line in lines), proc.stdout
+    folded = (out / "hierarchy.folded").read_text().splitlines()
+    assert {line.split(";", 1)[0] for line in folded} == {"rank 0", "rank 1"}
+    assert any("(bw)" in line for line in folded)
+    assert sorted(p.name for p in out.iterdir()) == ["flamegraph.svg", "hierarchy.folded", "hierarchy_us.folded",
+                                                     "scopes.csv"]
+
+
+def test_nproc_below_one_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--nproc", "0"]) == 2
+    assert "--nproc must be at least 1" in capsys.readouterr().err

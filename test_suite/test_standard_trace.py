@@ -614,3 +614,17 @@ def test_torchrun_job_traces_give_every_rank_the_same_scopes(tmp_path: Path) -> 
     assert scopes[0] == scopes[1] == paths(profile.root).keys()
     assert any("layers.1 (Layer)" in scope for scope in scopes[0])
     assert all(profile.kernel_calls[rank] > 0 for rank in (0, 1))
+    # HolisticTraceAnalysis reads the same traces: each C++ kernel of its breakdown of a rank is a
+    # kernel of that rank's tree, which says its scope
+    from hta.trace_analysis import TraceAnalysis
+
+    analysis = TraceAnalysis(trace_dir=str(out))
+    assert sorted(analysis.t.traces) == [0, 1]
+    for rank in (0, 1):
+        frame = analysis.t.get_trace(rank)
+        names = {analysis.t.symbol_table.sym_table[i] for i in frame["name"]}
+        kernels = {re.sub(r"^graph_\d+_", "", name) for name in names if re.match(r"graph_\d+_cpp_", name)}
+        assert kernels, names
+        ops = {op.removesuffix(" (bw)").removesuffix(" (re)") for _, node, _ in _walk(profile.ranks[rank], ())
+               for op in node.ops}
+        assert kernels <= ops, kernels - ops

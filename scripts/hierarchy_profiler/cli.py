@@ -11,7 +11,7 @@ from typing import Any, TextIO
 import torch
 
 from . import models
-from .api import BACKENDS, CallHierarchyProfiler, ProfileError, check_out, prepare_out
+from .api import BACKENDS, CallHierarchyProfiler, ProfileError, ProfileResult, check_out, prepare_out
 from .tree import format_tree
 
 DESCRIPTION = """\
@@ -43,6 +43,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=3, help="warm-up iterations with --profile (default %(default)s)")
     p.add_argument("--iters", type=int, default=10, help="measured iterations (default %(default)s with --profile)")
     p.add_argument("--fullgraph", action="store_true", help="compile with fullgraph=True (no graph breaks)")
+    p.add_argument("--nproc", type=int, default=1, metavar="N",
+                   help="train with DistributedDataParallel across N local processes (gloo on CPU, NCCL on GPU; "
+                   "implies --train): one tree, per scope the median over ranks and the slowest rank")
     p.add_argument("--depth", type=int, default=None, help="print the tree down to this depth (at least 1)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT,
                    help="output directory, relative to the current directory (default %(default)s)")
@@ -68,6 +71,8 @@ def validate(args: argparse.Namespace) -> str | None:
         return f"--iters must be at least 1 (got {args.iters})"
     if args.warmup < 1:
         return f"--warmup must be at least 1: the first iteration compiles (got {args.warmup})"
+    if args.nproc < 1:
+        return f"--nproc must be at least 1 (got {args.nproc})"
     if args.depth is not None and args.depth < 1:
         return f"--depth must be at least 1 (got {args.depth})"
     try:
@@ -105,22 +110,59 @@ def run(args: argparse.Namespace) -> int:
     except models.ModelError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if args.nproc > 1:
+        args.train = True  # DDP trains: its reducer runs in the backward
     if args.train and not _trainable(workload):
         print(f"error: --train: {args.model} has no parameter that requires grad and no input that does: "
               "nothing to differentiate (profile it without --train, or give it an input with requires_grad=True)",
               file=sys.stderr)
         return 2
+    if args.nproc > 1:
+        from .distributed import run_ranks
+
+        return run_ranks(args)
+    profiled = profile_workload(args, workload, workload.model)
+    if isinstance(profiled, int):
+        return profiled
+    result, warmup, iters = profiled
+    model = workload.model
+    mode = "train (forward + backward)" if args.train else "inference (no_grad)"
+
+    print(f"model {args.model} ({type(model).__name__}), backend {args.backend}, {mode}")
+    print(f"{result.num_dynamo_graphs} Dynamo graph(s) -> {result.num_compiled_graphs} compiled graph(s), "
+          f"{result.report.graph_calls // iters} compiled-graph call(s) and "
+          f"{round(result.root.total_count)} kernel call(s) per iteration")
+    print(f"times: torch.profiler self/total time per scope, mean of {iters} measured iteration(s) "
+          f"after {warmup} warm-up")
+    for frame in result.eager_frames:
+        print(f"warning: Dynamo: {frame}; their ops are not in the tree "
+              f"(eager ATen self time outside compiled regions: "
+              f"{result.report.eager_self_us / 1000.0 / iters:.3f} ms per iteration)")
+    print()
+    print(result.format_tree(max_depth=args.depth))
+    print()
+    print(result.summary())
+    print()
+    if not _write(args.out, lambda: result.save(args.out)):
+        return 2
+    print("open the trace in https://ui.perfetto.dev (or chrome://tracing), the SVG in a browser")
+    return 0
+
+
+def profile_workload(args: argparse.Namespace, workload: models.Workload,
+                     model: torch.nn.Module) -> tuple[ProfileResult, int, int] | int:
+    """Compile ``model`` (the workload's model, or a wrapper of it such as DDP's), run the warm-up and
+    profile the measured iterations; the result, or 2 after a one-line error."""
     warmup = args.warmup if args.profile else 1
     iters = args.iters if args.profile else 1
-    model = workload.model
-    model.train(args.train)
+    workload.model.train(args.train)
     mode = "train (forward + backward)" if args.train else "inference (no_grad)"
     torch._dynamo.reset()
     hp = CallHierarchyProfiler(model)
 
     def iteration(compiled: Any) -> None:
         if args.train:
-            model.zero_grad(set_to_none=True)
+            workload.model.zero_grad(set_to_none=True)
             output = compiled(*workload.args, **workload.kwargs)
             workload.loss_of(output).backward()
         else:
@@ -157,26 +199,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     result = hp.result
     assert result is not None
-
-    print(f"model {args.model} ({type(model).__name__}), backend {args.backend}, {mode}")
-    print(f"{result.num_dynamo_graphs} Dynamo graph(s) -> {result.num_compiled_graphs} compiled graph(s), "
-          f"{result.report.graph_calls // iters} compiled-graph call(s) and "
-          f"{round(result.root.total_count)} kernel call(s) per iteration")
-    print(f"times: torch.profiler self/total time per scope, mean of {iters} measured iteration(s) "
-          f"after {warmup} warm-up")
-    for frame in result.eager_frames:
-        print(f"warning: Dynamo: {frame}; their ops are not in the tree "
-              f"(eager ATen self time outside compiled regions: "
-              f"{result.report.eager_self_us / 1000.0 / iters:.3f} ms per iteration)")
-    print()
-    print(result.format_tree(max_depth=args.depth))
-    print()
-    print(result.summary())
-    print()
-    if not _write(args.out, lambda: result.save(args.out)):
-        return 2
-    print("open the trace in https://ui.perfetto.dev (or chrome://tracing), the SVG in a browser")
-    return 0
+    return result, warmup, iters
 
 
 def _write(out: Path, save: Callable[[], list[Path]]) -> bool:
