@@ -47,9 +47,9 @@ def summary_of(rows: list[dict[str, str]]) -> str:
 
 
 def test_goals_met() -> None:
-    text = summary_of(rows_for(off_pct=0.04, on_pct=0.2, mem_on=100_900))
+    text = summary_of(rows_for(off_pct=0.04, on_pct=0.08, mem_on=100_900))
     assert "**Flag off vs fixes only** (goal < 0.05% of compile instructions): met" in text
-    assert "**Flag on vs off** (goal <= 0.25% on every workload): met" in text
+    assert "**Flag on vs off** (goal <= 0.1% on every workload): met" in text
     assert "retain): met. Largest 0.90% on w (9.0 B/node" in text
     assert "+0.0010% on w" in text  # the repeat: 10 Ir of 1.0004e9
     assert "Same FX graphs (node counts) in every variant: yes" in text
@@ -66,12 +66,13 @@ def test_goals_missed() -> None:
 
 
 def test_export_workloads_are_reported_apart_from_the_compile_goal() -> None:
-    """Non-strict export has no 0.25% goal: its line gives on vs off beside its own stack_trace capture."""
+    """Non-strict export has a goal of its own (0.30%): its line gives on vs off beside its own stack_trace
+    capture."""
     exported = [dict(r, workload="e", family="export") for r in rows_for(off_pct=0.01, on_pct=1.0, mem_on=103_000)]
     no_st = dict(exported[2], variant="no_stack_trace", instructions=str(round(int(exported[2]["instructions"]) * 0.9)))
-    text = summary_of(rows_for(off_pct=0.01, on_pct=0.2, mem_on=100_500) + exported + [no_st])
-    assert "**Flag on vs off** (goal <= 0.25% on every workload): met. Largest +0.2000% on w" in text
-    assert "**Non-strict export, flag on vs off** (no goal of its own" in text
+    text = summary_of(rows_for(off_pct=0.01, on_pct=0.08, mem_on=100_500) + exported + [no_st])
+    assert "**Flag on vs off** (goal <= 0.1% on every workload): met. Largest +0.0800% on w" in text
+    assert "**Non-strict export, flag on vs off** (goal <= 0.3%): MISSED. e +1.000%" in text
     assert "e +1.000% (+100010 Ir/node; stack_trace capture 10.000%; memory 3.00% of the program's bytes)" in text
     assert "per node 5.0 to 5.0 B" in text
     assert "retain): met. Largest 0.50% on w" in text
@@ -142,8 +143,11 @@ def test_bad_lists_are_named() -> None:
 
 def test_full_workloads_are_the_chosen_set() -> None:
     full = {n for n, s in B.workload_table(quick=False).items() if s["measure"]}
-    assert full == {"qwen2_l1", "qwen2_train_l1", "nested_modules_d1", "nested_modules_d24", "helper_chain_d1",
-                    "helper_chain_d24", "wide_w100", "qwen2_export_l1", "export_wide_w100"}
+    families = {f"{f}{kind}" for f in ("llama", "qwen3", "gemma", "qwen3_moe", "bert", "vit", "gpt2")
+                for kind in ("_l1", "_train_l1")}
+    assert full == families | {"qwen2_l1", "qwen2_train_l1", "nested_modules_d1", "nested_modules_d24",
+                               "helper_chain_d1", "helper_chain_d24", "wide_w100", "qwen2_export_l1",
+                               "export_wide_w100"}
     assert {n for n, s in B.workload_table(quick=False).items() if s["export"]} == {"qwen2_export_l1",
                                                                                    "export_wide_w100"}
 
@@ -204,7 +208,7 @@ def test_markdown_structure(quick_run: Path) -> None:
     for needle in ("# RFC-0051 call_hierarchy: compile-time overhead", "- machine:", f"- torch: {BASE_TORCH}",
                    "series hash:", "- fixes-only baseline:", "## Summary", "## Per workload", "## Method",
                    "Flag off vs fixes only (goal < 0.05%): no instruction counts in this run",
-                   "Flag on vs off (goal <= 0.25%): no instruction counts in this run",
+                   "Flag on vs off (goal <= 0.1%): no instruction counts in this run",
                    "**Memory, flag on vs off** (goal <= 1.0% of the bytes the compiled graphs retain)",
                    "Same FX graphs (node counts) in every variant: yes"):
         assert needle in text, needle
@@ -248,7 +252,15 @@ def test_bytecode_report_names_the_functions_that_differ() -> None:
     text = "\n".join(B.bytecode_report(counts))
     assert "| w | 1,000 | 1,001 | +1 (+0.1000%) | 1,010 | +9 (+0.8991%) |" in text
     assert "- w: `a.py:f` +1" in text and "- w: `c.py:h` +9" in text
-    assert "**Flag off vs fixes only, bytecodes** (goal < 0.05%): MISSED. Largest +0.1000% on w." in text
+    assert "**Flag off vs fixes only, bytecodes** (goal <= 0.01%): MISSED. Largest +0.1000% on w." in text
+    assert "**Flag on vs off, bytecodes** (goal <= 0.1%): MISSED. Range +0.8991% to +0.8991%; over the goal" in text
+    # an export workload is held to its own goal
+    # the saved form (only the functions that differ) gives the same report
+    assert B.bytecode_report(B.differing(counts)) == B.bytecode_report(counts)
+    assert B.differing(counts)["fixes"]["w"] == {"a.py:f": 100, B.SAME_IN_EVERY_BUILD: 900}
+    text = "\n".join(B.bytecode_report(counts, export=["w"]))
+    assert "**Non-strict export, flag on vs off, bytecodes** (goal <= 0.3%): MISSED" in text
+    assert "**Flag on vs off, bytecodes**" not in text
 
 
 def test_function_key_is_the_same_in_every_venv() -> None:
@@ -269,3 +281,15 @@ def test_measured_venv_is_one_link_at_a_time(tmp_path: Path, monkeypatch: pytest
     assert not (tmp_path / "venv-measured").exists()
     with B.measured_venv("enabled") as venv:
         assert os.readlink(venv) == "venv-whole"
+
+
+def test_family_workloads_build_and_run_a_training_step() -> None:
+    # Each transformers family of RFC.md's table builds from a tiny config (nothing downloaded) and runs
+    # the step the benchmark compiles: forward, the loss, backward.
+    for name in B.FAMILY_CONFIGS:
+        spec = B.workload_table(quick=False)[f"{name}_train_l1"]
+        assert spec["family"] == name and spec["train"]
+        model, args, kwargs = spec["build"]()
+        loss = B._loss(model(*args, **kwargs))
+        loss.backward()
+        assert loss.dim() == 0 and any(p.grad is not None for p in model.parameters()), name
