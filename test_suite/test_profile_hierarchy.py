@@ -1736,32 +1736,45 @@ def test_fullgraph_on_a_model_with_a_graph_break_is_one_line(tmp_path: Path) -> 
     assert "Traceback" not in proc.stderr and "without --fullgraph" in lines[0]
 
 
-def test_fx_graph_cache_stays_on() -> None:
-    """The API keeps the FX graph cache on. A hit is attributed from the kernel scopes its entry
-    carries (patch 0019), as the cold compile was; a hit of an entry written with the flag off
-    (the flag is not in the cache key) is compiled again, and attributed all the same."""
+@pytest.mark.parametrize("model,train", [("nested", False), ("nested", True), ("qwen2-regional", True)])
+def test_compile_caches_stay_on(model: str, train: bool) -> None:
+    """The API keeps PyTorch's FX graph and AOTAutograd caches on. A warm AOTAutograd hit is
+    attributed from the kernel scopes its graphs carry (patch 0019), as the cold compile was; one
+    whose graphs have subgraphs (the regional model's shared layer body) is compiled from its FX
+    graph cache entries; an entry written with the flag off (the flag is not in the cache key) is
+    compiled again, and attributed all the same."""
     from torch._dynamo.utils import counters
     from torch._inductor.utils import fresh_cache
 
-    def run() -> tuple[ProfileResult, int]:
+    def run() -> tuple[ProfileResult, dict[str, int]]:
         counters.clear()
-        result = profile("nested", train=False)
+        result = profile(model, train=train)
         assert result.report.share >= 0.99, result.summary()
-        return result, counters["inductor"]["fxgraph_cache_hit"]
+        return result, {**counters["aot_autograd"], "fx_hit": counters["inductor"]["fxgraph_cache_hit"]}
 
     with fresh_cache():
         (cold, cold_hits), (warm, warm_hits) = run(), run()
-    assert cold_hits == 0 and warm_hits > 0
+    assert cold_hits.get("autograd_cache_hit", 0) == cold_hits["fx_hit"] == 0, cold_hits
+    if model == "qwen2-regional":
+        assert warm_hits.get("autograd_cache_bypass", 0) > 0 and warm_hits["fx_hit"] > 0, warm_hits
+    else:
+        assert warm_hits.get("autograd_cache_hit", 0) > 0, warm_hits
     assert counts_by_path(warm.root, True) == counts_by_path(cold.root, True)
+    if model != "nested":
+        return
     with fresh_cache():
         torch._dynamo.reset()
-        plain = models.build("nested")
-        plain.model.train(False)
-        with torch._inductor.config.patch({"trace.provenance_tracking_level": 1, "cpp.enable_kernel_profile": True}), \
-                torch.no_grad():
-            torch.compile(plain.model)(*plain.args)  # the flag off: an entry without scopes
+        plain = models.build(model)
+        plain.model.train(train)
+        with torch._inductor.config.patch({"trace.provenance_tracking_level": 1, "cpp.enable_kernel_profile": True}):
+            compiled = torch.compile(plain.model)
+            if train:
+                plain.loss_of(compiled(*plain.args)).backward()  # the flag off: entries without scopes
+            else:
+                with torch.no_grad():
+                    compiled(*plain.args)
         after_flag_off, hits = run()
-    assert hits > 0
+    assert hits.get("autograd_cache_bypass", 0) > 0 and hits["fx_hit"] > 0, hits
     assert counts_by_path(after_flag_off.root, True) == counts_by_path(cold.root, True)
 
 
@@ -1791,3 +1804,31 @@ def test_nproc_trains_with_ddp_and_attributes_every_rank(tmp_path: Path) -> None
 def test_nproc_below_one_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--nproc", "0"]) == 2
     assert "--nproc must be at least 1" in capsys.readouterr().err
+
+
+_WARM_PROCESS = """
+import json, sys, torch
+sys.path.insert(0, sys.argv[1])
+from torch._dynamo.utils import counters
+from test_profile_hierarchy import counts_by_path, profile
+result = profile("nested", train=True)
+print(json.dumps({"share": result.report.share, "hits": counters["aot_autograd"]["autograd_cache_hit"],
+                  "counts": sorted([list(k), v] for k, v in counts_by_path(result.root, True).items())}))
+"""
+
+
+def test_a_second_process_hits_the_caches_and_attributes_the_same(tmp_path: Path) -> None:
+    """The same training profile run twice in two processes with one cache folder: the second
+    loads its graphs from the AOTAutograd cache and gives the tree the first compiled."""
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(REPO),
+           "OMP_NUM_THREADS": "1"}
+    runs = []
+    for _ in range(2):
+        proc = subprocess.run([sys.executable, "-c", _WARM_PROCESS, str(REPO / "test_suite")], cwd=tmp_path,
+                              env=env, capture_output=True, text=True, timeout=600, check=False)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    cold, warm = runs
+    assert cold["hits"] == 0 and warm["hits"] > 0, (cold["hits"], warm["hits"])
+    assert cold["share"] >= 0.99 and warm["share"] >= 0.99
+    assert warm["counts"] == cold["counts"]

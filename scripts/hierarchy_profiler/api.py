@@ -20,10 +20,10 @@ Example (the CLI, :mod:`.cli`, is built on this)::
 
 While ``with hp`` is active: ``torch._dynamo.config.record_call_hierarchy`` is on,
 Inductor records kernel provenance (``trace.provenance_tracking_level = 1``) and profiles its
-CPU kernels (``cpp.enable_kernel_profile``), the FX graph cache stays on (a hit's entry carries
-its kernels' scopes, patch 0019; an entry written with the flag off is compiled again, without
-the cache), the AOTAutograd cache is off (a hit would skip the compile the capture sees graphs
-by), and every graph Inductor compiles
+CPU kernels (``cpp.enable_kernel_profile``), PyTorch's compile caches stay on (a hit's graphs
+carry their kernels' scopes, patch 0019; an entry written with the flag off is compiled again,
+and an AOTAutograd entry with subgraphs is compiled from its FX graph cache entries), and every
+graph Inductor compiles
 for the default backend goes through :class:`~.capture.Capture`.  Compile inside it: graphs
 compiled before are not known (their events are reported as unattributed).  For the
 ``aot_eager`` backend pass ``backend=hp.backend("aot_eager")`` to ``torch.compile``.
@@ -215,7 +215,7 @@ class CallHierarchyProfiler:
             "trace.provenance_tracking_level": 1,
             "cpp.enable_kernel_profile": True,
         }))
-        stack.enter_context(torch._functorch.config.patch(enable_autograd_cache=False))
+        stack.enter_context(self.capture.aot_cache_hits())
         stack.enter_context(warnings.catch_warnings())
         warnings.filterwarnings("ignore", message="Your compiler for AOTAutograd is returning a function")
         stack.enter_context(self._default_backend())

@@ -27,10 +27,11 @@ itself is not changed.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import re
 import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -581,11 +582,26 @@ def cached_provenance(compiled: Any) -> tuple[dict[str, list[str]], dict[str, An
     return {key: [] for key in keys}, recorded["kernels"]
 
 
-def inductor_kernels(graph: CompiledGraph, gm: fx.GraphModule, provenance: dict[str, list[str]],
+# the functions at the top level of Inductor's Python wrapper that are not a subgraph's (an
+# invoke_subgraph body, a cond branch, a while_loop's body): its ``call`` is Runner's method
+_WRAPPER_FUNCTIONS = frozenset({"call", "get_args", "benchmark_compiled_module"})
+_TOP_LEVEL_DEF = re.compile(r"^def (\w+)\(", re.M)
+
+
+def has_subgraph_functions(source: str) -> bool:
+    """Whether Inductor's wrapper code defines functions of subgraphs, whose call sites only the
+    post-grad graph gives."""
+    return any(m.group(1) not in _WRAPPER_FUNCTIONS for m in _TOP_LEVEL_DEF.finditer(source))
+
+
+def inductor_kernels(graph: CompiledGraph, gm: fx.GraphModule | None, provenance: dict[str, list[str]],
                      source: str | None, cached: dict[str, Any] | None = None) -> None:
     """Fill ``graph.kernels`` from Inductor's kernel -> post-grad node provenance, in call order;
-    for a graph loaded from the FX graph cache, from the scopes its entry carries (``cached``)."""
-    modules = {name: m for name, m in gm.named_modules() if isinstance(m, fx.GraphModule)}
+    for a graph loaded from the FX graph cache, from the scopes its entry carries (``cached``).
+    ``gm`` is ``None`` for a graph the AOTAutograd cache loaded (no post-grad graph): it then
+    has no subgraph function (see :func:`has_subgraph_functions`) and ``cached`` is given."""
+    named = gm.named_modules() if gm is not None else ()
+    modules = {name: m for name, m in named if isinstance(m, fx.GraphModule)}
     tables = {name: {n.name: n for n in m.graph.nodes} for name, m in modules.items()}
     sites = {name: _call_sites(m, graph.backward) for name, m in modules.items()}
     bodies = {b for s in sites.values() for b in s}
@@ -608,7 +624,7 @@ def inductor_kernels(graph: CompiledGraph, gm: fx.GraphModule, provenance: dict[
             tail = key.rpartition(":")[2]
             return int(tail) if tail.isdigit() else 0
 
-        graph.kernels = [kernel(k, tables[""]) for k in sorted(provenance, key=handle)]
+        graph.kernels = [kernel(k, tables.get("", {})) for k in sorted(provenance, key=handle)]
         apply_recorded_names(graph, source)
         return
     calls = wrapper_calls(source, bodies | branches)
@@ -757,6 +773,11 @@ def _ranged(fn: Callable[..., Any], label: str) -> Callable[..., Any]:
     return run
 
 
+class AttributionNeedsCompile(Exception):
+    """Raised by the load of an AOTAutograd cache entry whose graphs only a compile attributes:
+    AOTAutograd bypasses the entry and compiles."""
+
+
 class Capture:
     """What was compiled while installed, and the runtime module stacks of Dynamo graph runs."""
 
@@ -767,6 +788,12 @@ class Capture:
         self.num_dynamo_graphs = 0
         # hits of the FX graph cache whose entries carry no kernel scopes, compiled again
         self.recompiled_hits = 0
+        # hits of the AOTAutograd cache whose graphs are attributed from their entries, and hits
+        # turned into a compile (see aot_cache_hits)
+        self.aot_hits = 0
+        self.bypassed_aot_hits = 0
+        # the Dynamo graph whose compile_fx runs (an AOTAutograd cache hit loads its graphs there)
+        self._compiling: list[int] = []
         self.stacks: list[tuple[str, ...]] = []
         self._stack_ids: dict[tuple[tuple[str, ...], str | None], int] = {}
         # per stack id: the label of the function outside the model a Dynamo graph run was
@@ -896,7 +923,74 @@ class Capture:
         self.num_dynamo_graphs += 1
         own = self.note_frame(gm)
         kwargs["inner_compile"] = self._inner_compile(dynamo_graph, kwargs.get("inner_compile"))
-        return self.wrap_dynamo_graph(compile_fx(gm, example_inputs, **kwargs), dynamo_graph, own)
+        self._compiling.append(dynamo_graph)
+        try:
+            compiled = compile_fx(gm, example_inputs, **kwargs)
+        finally:
+            self._compiling.pop()
+        return self.wrap_dynamo_graph(compiled, dynamo_graph, own)
+
+    @contextlib.contextmanager
+    def aot_cache_hits(self) -> Iterator[None]:
+        """Attribute the graphs an AOTAutograd cache hit loads, while installed.
+
+        A hit runs no ``inner_compile``: its forward and backward ``CompiledFxGraph`` come from
+        the FX graph cache (or the entry itself) with the kernel scopes patch 0019 put in them.
+        Where they carry none (written with ``record_call_hierarchy`` off), or where the wrapper
+        has subgraph functions (whose call sites only the post-grad graph gives), the load
+        raises, and AOTAutograd takes it as a bypass: it compiles, and its FX graph cache hit
+        reaches ``inner_compile`` with the post-grad graph.  The cache's entries and keys are
+        not changed either way.
+        """
+        from torch._functorch._aot_autograd import aot_autograd_result
+
+        entries = aot_autograd_result.GenericAOTAutogradResult
+        original = entries._load_and_post_compile
+        capture = self
+
+        def load_and_post_compile(entry: Any, args: Any, fx_config: Any) -> Any:
+            if not capture._compiling:  # not a compile of ours
+                return original(entry, args, fx_config)
+            dynamo_graph = capture._compiling[-1]
+            parts = [(entry.compiled_fw, "inference" if entry.compiled_bw is None else "forward")]
+            if entry.compiled_bw is not None:
+                parts.append((entry.compiled_bw, "backward"))
+            loaded: list[tuple[str, Any, tuple[dict[str, list[str]], dict[str, Any]]]] = []
+
+            def checked(load: Callable[..., Any], kind: str) -> Callable[..., Any]:
+                def load_checked(example_inputs: Any) -> Any:
+                    result = load(example_inputs)
+                    found = cached_provenance(result)
+                    if found is None or has_subgraph_functions(result.source_code):
+                        capture.bypassed_aot_hits += 1
+                        raise AttributionNeedsCompile(
+                            "call_hierarchy profiler: this AOTAutograd cache entry's graphs are attributed "
+                            "from their post-grad graphs (no kernel scopes in it, or subgraphs)")
+                    loaded.append((kind, result, found))
+                    return result
+
+                return load_checked
+
+            for part, kind in parts:
+                part.load = checked(part.load, kind)  # this entry's own; the class is not changed
+            try:
+                out = original(entry, args, fx_config)
+            finally:
+                for part, _ in parts:
+                    vars(part).pop("load", None)
+            capture.aot_hits += 1
+            for kind, compiled, (provenance, cached) in loaded:
+                graph = capture.new_graph(dynamo_graph, kind, "inductor")
+                inductor_kernels(graph, None, provenance, compiled.source_code, cached)
+                add_host_reads(graph)
+                capture._label_calls(compiled, graph)
+            return out
+
+        entries._load_and_post_compile = load_and_post_compile  # type: ignore[method-assign,assignment]
+        try:
+            yield
+        finally:
+            entries._load_and_post_compile = original  # type: ignore[method-assign]
 
     def _inner_compile(self, dynamo_graph: int, inner: Callable[..., Any] | None) -> Callable[..., Any]:
         import torch._inductor.debug as inductor_debug
