@@ -317,7 +317,9 @@ def test_device_kernels_take_their_launch_attribution(monkeypatch: pytest.Monkey
             clock += 1.6
         orphan = {"ph": "X", "cat": "kernel", "name": "eager_kernel", "pid": 0, "tid": 7, "ts": clock + 5.0,
                   "dur": 1.0, "args": {"correlation": 1}}
-        events.extend(injected + [orphan])
+        nccl = {"ph": "X", "cat": "kernel", "name": "ncclDevKernel_AllReduce_Sum_f32_RING_LL", "pid": 0, "tid": 8,
+                "ts": clock + 5.0, "dur": 4.0, "args": {"correlation": 2}}
+        events.extend(injected + [orphan, nccl])
         return doc, strict
 
     monkeypatch.setattr(jsonio, "loads", cuda_shaped)
@@ -341,6 +343,13 @@ def test_device_kernels_take_their_launch_attribution(monkeypatch: pytest.Monkey
     assert scope_at(result.root, "layers.0 (Block)", "mlp (MLP)").total_device_ns > 0
     assert "device ms" in result.format_tree().splitlines()[0]
     assert f"in {len(injected)} device kernel(s)" in result.summary()
+    # NCCL's kernel, launched outside the compiled graphs, is communication; the graphs' are not
+    assert result.outside is not None
+    communication = result.outside.children["communication"]
+    assert list(communication.device_ops) == ["ncclDevKernel_AllReduce_Sum_f32_RING_LL [device]"]
+    assert communication.total_device_ns == pytest.approx(4000.0 / result.iterations)
+    assert not any(op in node.device_ops for _, node in result.outside.walk()
+                   for op in (f"{name} [device]" for name in ("eager_kernel", *(d["name"] for d in injected))))
 
 
 def _kernel_calls(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -479,9 +488,14 @@ def test_folded_and_svg(qwen2_train: tuple[Path, str]) -> None:
     for name in ("hierarchy.folded", "hierarchy_us.folded"):
         lines = (out / name).read_text().splitlines()
         assert lines
+        tops = set()
         for line in lines:
             stack, _, weight = line.rpartition(" ")
-            assert stack.split(";")[0] == "Qwen2ForCausalLM" and int(weight) >= 1
+            tops.add(stack.split(";")[0])
+            assert int(weight) >= 1
+        # the model's stacks, then those of what ran outside the compiled graphs (the loss, its backward seed)
+        assert tops == {"Qwen2ForCausalLM", "(outside compiled graphs)"}, tops
+        assert lines[0].startswith("Qwen2ForCausalLM;")
     tree = ET.parse(out / "flamegraph.svg")
     ns = "{http://www.w3.org/2000/svg}"
     titles = [t.text or "" for t in tree.getroot().iter(f"{ns}title")]
@@ -1797,8 +1811,69 @@ def test_nproc_trains_with_ddp_and_attributes_every_rank(tmp_path: Path) -> None
     folded = (out / "hierarchy.folded").read_text().splitlines()
     assert {line.split(";", 1)[0] for line in folded} == {"rank 0", "rank 1"}
     assert any("(bw)" in line for line in folded)
+    # DDP's gradient all-reduce runs outside the compiled graphs: a row of its own on every rank
+    assert "communication" in proc.stdout.split("outside the compiled graphs", 1)[1], proc.stdout
+    for rank in (0, 1):
+        assert any(line.startswith(f"rank {rank};(outside compiled graphs);communication;c10d::allreduce_ ")
+                   for line in folded), folded
     assert sorted(p.name for p in out.iterdir()) == ["flamegraph.svg", "hierarchy.folded", "hierarchy_us.folded",
                                                      "scopes.csv"]
+
+
+def test_fsdp_places_each_block_s_kernels_under_the_block_that_ran_them(tmp_path: Path) -> None:
+    """``--nproc 2 --fsdp``: each block sharded with FSDP2 and compiled on its own; each kernel call is placed under the block that ran it, every rank attributes
+    100%, and the all-gathers and reduce-scatters are communication rows."""
+    out = tmp_path / "out"
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, "-P", "-m", "scripts.profile_hierarchy", "--nproc", "2", "--fsdp",
+                           "--model", "nested", "--out", str(out)], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "FSDP2 (fully_shard), each block compiled, on 2 processes (gloo)" in proc.stdout
+    for rank in (0, 1):
+        assert any(line.startswith(f"rank {rank}: attributed: 100.00%") for line in proc.stdout.splitlines())
+    folded = (out / "hierarchy.folded").read_text().splitlines()
+    for rank in (0, 1):
+        per_block = {}
+        for block in ("layers.0 (FSDPBlock)", "layers.1 (FSDPBlock)"):
+            prefix = f"rank {rank};FSDPNested;{block};"
+            per_block[block] = sorted(line[len(prefix):] for line in folded if line.startswith(prefix))
+        assert per_block["layers.0 (FSDPBlock)"], folded
+        assert per_block["layers.0 (FSDPBlock)"] == per_block["layers.1 (FSDPBlock)"]
+        assert any(line.startswith(f"rank {rank};FSDPNested;layers.0 (FSDPBlock);mlp (MLP);down (Linear);")
+                   and "(bw)" in line for line in folded)
+        collectives = {line.split(";")[3].rpartition(" ")[0] for line in folded
+                       if line.startswith(f"rank {rank};(outside compiled graphs);communication;")}
+        assert {"c10d::_allgather_base_", "c10d::_reduce_scatter_base_"} <= collectives, collectives
+
+
+def test_ops_outside_the_compiled_graphs_are_their_own_tree() -> None:
+    """The loss and the backward's seed run eagerly, outside the compiled graphs: rows of
+    ``(outside compiled graphs) > eager ops``, never in the compiled graphs' tree or its share."""
+    result = profile("nested", train=True)
+    assert result.outside is not None and result.outside.label == "(outside compiled graphs)"
+    eager = result.outside.children["eager ops"]
+    assert "aten::sum" in eager.ops and "aten::ones_like" in eager.ops, sorted(eager.ops)
+    assert "communication" not in result.outside.children
+    assert all(s.attribution.scope[0] != "(outside compiled graphs)" for s in result.report.samples)
+    assert "eager ops" in result.format_outside()
+
+
+def test_fsdp_needs_several_processes(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--fsdp"]) == 2
+    assert "--fsdp shards the model across processes: give --nproc 2 or more" in capsys.readouterr().err
+
+
+def test_blocks_of_a_model_are_its_outermost_module_lists_modules() -> None:
+    from scripts.hierarchy_profiler.distributed import blocks_of
+
+    inner = torch.nn.ModuleList([torch.nn.Linear(2, 2)])
+    outer = torch.nn.ModuleList([torch.nn.Sequential(torch.nn.Linear(2, 2)), torch.nn.ModuleDict({"l": inner})])
+    model = torch.nn.Module()
+    model.layers = outer
+    model.head = torch.nn.Linear(2, 2)
+    assert blocks_of(model) == list(outer)
+    assert blocks_of(torch.nn.Linear(2, 2)) == []
 
 
 def test_nproc_below_one_is_refused(capsys: pytest.CaptureFixture[str]) -> None:

@@ -135,6 +135,8 @@ class Report:
     # self time of ATen ops in compiled regions that hold no graph of ours: code compiled
     # before the capture was installed (Dynamo reused it), not captured
     uncaptured_self_us: float = 0.0
+    # what ran outside the compiled regions: communication and eager ops (see outside_samples)
+    outside: list[Sample] = dataclasses.field(default_factory=list)
 
     @property
     def share(self) -> float:
@@ -473,6 +475,7 @@ def annotate(doc: dict[str, Any], capture: Capture) -> Report:
     # kernels of one call in launch order, and nothing else comes between them but what that
     # call launched.
     device_events: list[tuple[dict[str, Any], Attribution]] = []
+    launched_here: set[int] = set()  # device events launched by a compiled graph's kernel calls
     if nesting.device:
         by_corr: dict[Any, int] = {}
         for i in attributions:
@@ -493,6 +496,7 @@ def annotate(doc: dict[str, Any], capture: Capture) -> Report:
         for d, launcher in launched_by:
             if launcher is None:
                 continue
+            launched_here.add(d)
             e = events[d]
             launched = replayed.get(d) or attributions[launcher]
             device_events.append((e, launched))
@@ -519,7 +523,46 @@ def annotate(doc: dict[str, Any], capture: Capture) -> Report:
 
     events.extend(new_events)
     return Report(samples, compiled_self, attributed_self, unattributed_events, len(calls), eager, unknown_stacks,
-                  uncaptured)
+                  uncaptured, outside_samples(nesting, graph_ranges | launched_here))
+
+
+OUTSIDE_GRAPHS = "(outside compiled graphs)"
+COMMUNICATION = "communication"
+EAGER_OPS = "eager ops"
+# Collectives as the profiler records them: c10d's ops (the launch), the process group's own
+# ranges (gloo's work; NCCL's), FSDP2's copies in and out of its all-gather and reduce-scatter
+# buffers, and NCCL's device kernels
+_COLLECTIVE_PREFIXES = ("c10d::", "c10d_functional::", "_c10d_functional::", "gloo:", "nccl:", "fsdp::",
+                        "record_param_comms")
+_COLLECTIVE_KERNELS = ("ncclDevKernel", "ncclKernel")
+
+
+def outside_samples(nesting: _Nesting, claimed: set[int]) -> list[Sample]:
+    """The ATen ops and collectives that ran outside the compiled regions (an eager model's parts,
+    the loss, the optimizer, DDP's and FSDP2's communication), each a sample of
+    ``(outside compiled graphs) > communication`` or ``> eager ops`` by its name: self times, so
+    a collective's range and the op it runs in count once.  ``claimed``: events of the compiled
+    graphs' samples (their calls' ranges, the device kernels their calls launched)."""
+    out: list[Sample] = []
+    gpu_cats = frozenset(GPU_CATS)
+    for i in nesting.outside:
+        if i in claimed:
+            continue
+        name, cat = nesting.name[i], nesting.cat[i]
+        if cat in gpu_cats:
+            if not name.startswith(_COLLECTIVE_KERNELS):
+                continue  # a compiled graph's kernel: attributed by its launch
+            out.append(Sample(Attribution((OUTSIDE_GRAPHS, COMMUNICATION), f"{name} [device]"), nesting.dur[i],
+                              nesting.dur[i], device=True, start_us=nesting.start[i]))
+            continue
+        if name.startswith(_COLLECTIVE_PREFIXES):
+            scope = (OUTSIDE_GRAPHS, COMMUNICATION)
+        elif cat == "cpu_op":
+            scope = (OUTSIDE_GRAPHS, EAGER_OPS)
+        else:
+            continue
+        out.append(Sample(Attribution(scope, name), nesting.dur[i], nesting.self_us[i], start_us=nesting.start[i]))
+    return out
 
 
 def _look_through_python(nesting: _Nesting, calls: Iterable[int]) -> list[tuple[int, int]]:

@@ -50,7 +50,7 @@ import torch
 from torch import nn
 
 from . import jsonio
-from .annotate import GPU_CATS, Report, Sample, annotate
+from .annotate import GPU_CATS, OUTSIDE_GRAPHS, Report, Sample, annotate
 from .capture import DYNAMO_RANGE, OUTSIDE_SUFFIX, Capture, CompiledGraph
 from .tree import Scope, build_tree, format_tree
 
@@ -81,9 +81,16 @@ class ProfileResult:
     # wall seconds of post-processing: "export" (torch.profiler's export_chrome_trace), "parse",
     # "attribution" (events to scopes, scope slices), "tree"
     timings: dict[str, float] = dataclasses.field(default_factory=dict)
+    # what ran outside the compiled regions, apart from the tree of the compiled graphs' kernels:
+    # ``(outside compiled graphs)`` with ``communication`` and ``eager ops`` (None: nothing)
+    outside: Scope | None = None
 
     def format_tree(self, max_depth: int | None = None) -> str:
         return format_tree(self.root, timed=True, max_depth=max_depth, unit="kernel")
+
+    def format_outside(self) -> str:
+        """The ops that ran outside the compiled graphs, by kind and name ("" if none ran)."""
+        return format_tree(self.outside, timed=True, unit="op") if self.outside is not None else ""
 
     def summary(self) -> str:
         r = self.report
@@ -120,10 +127,10 @@ class ProfileResult:
         write_scope_table(table, self.root)
         written.append(table)
         folded = out / "hierarchy.folded"
-        write_folded(folded, self.root, timed=False)
+        write_folded(folded, self.root, timed=False, outside=self.outside)
         written.append(folded)
         folded_us = out / "hierarchy_us.folded"
-        write_folded(folded_us, self.root, timed=True)
+        write_folded(folded_us, self.root, timed=True, outside=self.outside)
         written.append(folded_us)
         svg = out / "flamegraph.svg"
         write_flamegraph(svg, self.root, timed=True, title=self.title)
@@ -357,6 +364,9 @@ class CallHierarchyProfiler:
         start = time.perf_counter()
         root = build_tree(report.samples, iterations, self.capture.scopes.root_label,
                           _steps_of(report.samples, doc, iterations))
+        outside = None
+        if report.outside:
+            outside = build_tree(report.outside, iterations, OUTSIDE_GRAPHS, _steps_of(report.outside, doc, iterations))
         timings["tree"] = time.perf_counter() - start
         doc["callHierarchy"] = {
             "format": "args.call_hierarchy: scope labels from the model root, outermost first",
@@ -368,7 +378,7 @@ class CallHierarchyProfiler:
         }
         return ProfileResult(root, report, doc, iterations, self.capture.num_dynamo_graphs,
                              len(self.capture.graphs), eager, list(self.capture.graphs),
-                             title or "call hierarchy profile", strict, timings)
+                             title or "call hierarchy profile", strict, timings, outside)
 
 
 class _TraceFiles:

@@ -12,7 +12,7 @@ import torch
 
 from . import models
 from .api import BACKENDS, CallHierarchyProfiler, ProfileError, ProfileResult, check_out, prepare_out
-from .tree import format_tree
+from .tree import format_tree, merge_ranks
 
 DESCRIPTION = """\
 Compile a model with torch._dynamo.config.record_call_hierarchy on, run it under
@@ -21,6 +21,9 @@ kernels, extern kernels and fallbacks; aot_eager's ATen ops) to the model's
 module/function call hierarchy.  Prints self/total time per scope and the share of
 compiled-region kernel time attributed; writes the profiler's own Chrome trace annotated
 with the scopes (open it in https://ui.perfetto.dev), folded stacks and a flame graph."""
+
+OUTSIDE_HEADING = ("outside the compiled graphs (not in the tree above; self time per iteration): "
+                   "communication and eager ops")
 
 # the repository's build directory, wherever the command runs from
 DEFAULT_OUT = Path(__file__).resolve().parents[2] / "build" / "profile_hierarchy"
@@ -46,6 +49,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--nproc", type=int, default=1, metavar="N",
                    help="train with DistributedDataParallel across N local processes (gloo on CPU, NCCL on GPU; "
                    "implies --train): one tree, per scope the median over ranks and the slowest rank")
+    p.add_argument("--fsdp", action="store_true",
+                   help="with --nproc N: shard the model with FSDP2 (fully_shard) instead of DDP, each block "
+                   "(every module of the model's nn.ModuleLists) sharded and compiled on its own, as torchtitan "
+                   "does; a block's kernels are placed under the block that ran them")
     p.add_argument("--depth", type=int, default=None, help="print the tree down to this depth (at least 1)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT,
                    help="output directory, relative to the current directory (default %(default)s)")
@@ -73,6 +80,8 @@ def validate(args: argparse.Namespace) -> str | None:
         return f"--warmup must be at least 1: the first iteration compiles (got {args.warmup})"
     if args.nproc < 1:
         return f"--nproc must be at least 1 (got {args.nproc})"
+    if args.fsdp and args.nproc < 2:
+        return f"--fsdp shards the model across processes: give --nproc 2 or more (got {args.nproc})"
     if args.depth is not None and args.depth < 1:
         return f"--depth must be at least 1 (got {args.depth})"
     try:
@@ -118,8 +127,12 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     if args.nproc > 1:
-        from .distributed import run_ranks
+        from .distributed import blocks_of, run_ranks
 
+        if args.fsdp and not blocks_of(workload.model):
+            print(f"error: --fsdp: {args.model} has no nn.ModuleList of blocks to shard and compile on their own",
+                  file=sys.stderr)
+            return 2
         return run_ranks(args)
     profiled = profile_workload(args, workload, workload.model)
     if isinstance(profiled, int):
@@ -141,6 +154,10 @@ def run(args: argparse.Namespace) -> int:
     print()
     print(result.format_tree(max_depth=args.depth))
     print()
+    if result.outside is not None:
+        print(OUTSIDE_HEADING)
+        print(result.format_outside())
+        print()
     print(result.summary())
     print()
     if not _write(args.out, lambda: result.save(args.out)):
@@ -149,10 +166,11 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def profile_workload(args: argparse.Namespace, workload: models.Workload,
-                     model: torch.nn.Module) -> tuple[ProfileResult, int, int] | int:
+def profile_workload(args: argparse.Namespace, workload: models.Workload, model: torch.nn.Module,
+                     blocks: list[torch.nn.Module] | None = None) -> tuple[ProfileResult, int, int] | int:
     """Compile ``model`` (the workload's model, or a wrapper of it such as DDP's), run the warm-up and
-    profile the measured iterations; the result, or 2 after a one-line error."""
+    profile the measured iterations; the result, or 2 after a one-line error.  With ``blocks``, each
+    block is compiled in place (``nn.Module.compile``) and ``model`` runs as it is."""
     warmup = args.warmup if args.profile else 1
     iters = args.iters if args.profile else 1
     workload.model.train(args.train)
@@ -172,10 +190,15 @@ def profile_workload(args: argparse.Namespace, workload: models.Workload,
     title = f"{args.model} / {args.backend} / {mode}"
     try:
         with hp:
-            if args.backend == "inductor":
-                compiled = torch.compile(model, fullgraph=args.fullgraph)  # the default backend
+            # the default backend: torch.compile's own, routed through the profiler
+            backend = "inductor" if args.backend == "inductor" else hp.backend(args.backend)
+            compiled: Any
+            if blocks is not None:
+                for block in blocks:
+                    block.compile(backend=backend, fullgraph=args.fullgraph)
+                compiled = model
             else:
-                compiled = torch.compile(model, backend=hp.backend(args.backend), fullgraph=args.fullgraph)
+                compiled = torch.compile(model, backend=backend, fullgraph=args.fullgraph)
             for i in range(warmup):
                 iteration(compiled)
                 if args.profile:
@@ -247,6 +270,14 @@ def run_trace(args: argparse.Namespace) -> int:
     print()
     print(format_tree(profile.root, timed=True, max_depth=args.depth, unit="kernel"))
     print()
+    if isinstance(profile, RankedProfile):
+        outside = merge_ranks(profile.outside) if profile.outside else None
+    else:
+        outside = profile.outside
+    if outside is not None:
+        print(OUTSIDE_HEADING)
+        print(format_tree(outside, timed=True))
+        print()
     print(profile.summary())
     print()
     title = f"call hierarchy of {named}"
@@ -256,12 +287,12 @@ def run_trace(args: argparse.Namespace) -> int:
         written = [out / "scopes.csv", out / "hierarchy.folded", out / "hierarchy_us.folded", out / "flamegraph.svg"]
         write_scope_table(written[0], profile.root)
         if isinstance(profile, RankedProfile):
-            write_ranked_folded(written[1], profile.ranks, timed=False)
-            write_ranked_folded(written[2], profile.ranks, timed=True)
+            write_ranked_folded(written[1], profile.ranks, timed=False, outside=profile.outside)
+            write_ranked_folded(written[2], profile.ranks, timed=True, outside=profile.outside)
             write_flamegraph(written[3], ranks_root(profile.ranks), timed=True, title=title)
         else:
-            write_folded(written[1], profile.root, timed=False)
-            write_folded(written[2], profile.root, timed=True)
+            write_folded(written[1], profile.root, timed=False, outside=profile.outside)
+            write_folded(written[2], profile.root, timed=True, outside=profile.outside)
             write_flamegraph(written[3], profile.root, timed=True, title=title)
         return written
 

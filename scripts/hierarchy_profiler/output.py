@@ -41,13 +41,21 @@ def folded_lines(root: Scope, timed: bool) -> list[str]:
     return lines
 
 
-def write_folded(path: Path, root: Scope, timed: bool = False) -> None:
-    path.write_text("\n".join(folded_lines(root, timed)) + "\n")
+def write_folded(path: Path, root: Scope, timed: bool = False, outside: Scope | None = None) -> None:
+    """Folded stacks of the tree, then those of ``outside`` (what ran outside the compiled graphs)."""
+    lines = folded_lines(root, timed) + (folded_lines(outside, timed) if outside is not None else [])
+    path.write_text("\n".join(lines) + "\n")
 
 
-def write_ranked_folded(path: Path, trees: dict[int, Scope], timed: bool = False) -> None:
-    """Folded stacks of several ranks, each stack starting with its rank's frame (``rank N``)."""
-    lines = [f"rank {rank};{line}" for rank in sorted(trees) for line in folded_lines(trees[rank], timed)]
+def write_ranked_folded(path: Path, trees: dict[int, Scope], timed: bool = False,
+                        outside: dict[int, Scope] | None = None) -> None:
+    """Folded stacks of several ranks, each stack starting with its rank's frame (``rank N``);
+    each rank's ``outside`` tree after its own."""
+    lines = []
+    for rank in sorted(trees):
+        lines += [f"rank {rank};{line}" for line in folded_lines(trees[rank], timed)]
+        if outside and rank in outside:
+            lines += [f"rank {rank};{line}" for line in folded_lines(outside[rank], timed)]
     path.write_text("\n".join(lines) + "\n")
 
 

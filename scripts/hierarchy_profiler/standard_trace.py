@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from . import jsonio
-from .annotate import Attribution, Sample
+from .annotate import OUTSIDE_GRAPHS, Attribution, Sample, _nest, outside_samples
 from .tree import Scope, build_tree, merge_ranks, merge_trees
 
 # Inductor's C++ kernel events (cpp.enable_kernel_profile) are named graph_<id>_<kernel>
@@ -53,6 +53,8 @@ class TraceProfile:
     stepped: bool = True
     # the process's rank in a distributed job (the trace's distributedInfo), None outside one
     rank: int | None = None
+    # communication and eager ops outside the compiled regions (see annotate.outside_samples)
+    outside: Scope | None = None
 
     def summary(self) -> str:
         per = self.iterations
@@ -174,6 +176,8 @@ class RankedProfile:
     kernel_calls: dict[int, float]  # host kernel calls per iteration with a call hierarchy, per rank
     without_hierarchy: int
     stepped: bool
+    # each rank's communication and eager ops outside the compiled regions
+    outside: dict[int, Scope] = dataclasses.field(default_factory=dict)
 
     def summary(self) -> str:
         calls = ", ".join(f"rank {r}: {n:g}" for r, n in sorted(self.kernel_calls.items()))
@@ -211,8 +215,13 @@ def read_traces(paths: Sequence[str | Path]) -> TraceProfile | RankedProfile:
     trees = {rank: merge_trees([p.root for p in ps], statistics.mean) if len(ps) > 1 else ps[0].root
              for rank, ps in by_rank.items()}
     calls = {rank: statistics.mean(p.kernel_calls / p.iterations for p in ps) for rank, ps in by_rank.items()}
+    outside = {}
+    for rank, ps in by_rank.items():
+        found = [p.outside for p in ps if p.outside is not None]
+        if found:
+            outside[rank] = merge_trees(found, statistics.mean) if len(found) > 1 else found[0]
     return RankedProfile(trees, merge_ranks(trees), len(files), calls,
-                         sum(p.without_hierarchy for p in profiles), all(p.stepped for p in profiles))
+                         sum(p.without_hierarchy for p in profiles), all(p.stepped for p in profiles), outside)
 
 
 def profile_from_events(events: list[dict[str, Any]]) -> TraceProfile:
@@ -276,4 +285,13 @@ def profile_from_events(events: list[dict[str, Any]]) -> TraceProfile:
         iterations, by_step = 1, None
     root = build_tree(samples, iterations, COMPILED_FRAME, by_step)
     host_calls = sum(1 for s in samples if not s.device)
-    return TraceProfile(root, iterations, host_calls, len(samples) - host_calls, without, by_step is not None)
+    outside = outside_samples(_nest(events), set())
+    if by_step is not None:  # the ops of the iterations the tree holds
+        outside_steps = [index.get(_within(steps, s.start_us), -1) for s in outside]
+        outside = [s for s, i in zip(outside, outside_steps) if i >= 0]
+        outside_by_step: list[int] | None = [i for i in outside_steps if i >= 0]
+    else:
+        outside_by_step = None
+    outside_root = build_tree(outside, iterations, OUTSIDE_GRAPHS, outside_by_step) if outside else None
+    return TraceProfile(root, iterations, host_calls, len(samples) - host_calls, without, by_step is not None,
+                        outside=outside_root)
