@@ -303,69 +303,103 @@ class _Matcher:
 
 def annotate(doc: dict[str, Any], capture: Capture) -> Report:
     """Attribute every event inside a compiled graph call; add scope slices.  Mutates ``doc``."""
-    events: list[dict[str, Any]] = doc["traceEvents"]
-    graphs = {g.index: g for g in capture.graphs}
-    nesting = _nest(events)
-    parent, children, self_us, names = nesting.parent, nesting.children, nesting.self_us, nesting.name
-    calls = nesting.calls
+    return _Annotator(doc["traceEvents"], capture).run()
 
-    pending: dict[int, list[tuple[tuple[str, ...] | None, Outside | None]]] = {}
-    attributions: dict[int, Attribution] = {}
-    samples: list[Sample] = []
-    new_events: list[dict[str, Any]] = []
-    compiled_self = attributed_self = 0.0
-    unattributed_events = unknown_stacks = 0
-    graph_ranges: set[int] = set()
-    # one Attribution per (runtime stack, kernel): shared by every call of that kernel
-    memo: dict[tuple[tuple[str, ...] | None, Outside | None], dict[int, Attribution]] = {}
-    keys: dict[str, str] = {}  # event name -> event_key
-    # Compiled-graph calls that replayed a CUDA graph (mode="reduce-overhead"): their kernels
-    # ran with no host event each, all launched by the replay
-    call_set = {r for _ts, _t, r in calls}
-    replays: dict[int, list[int]] = {}
-    for launch in nesting.graph_launches:
-        p = parent[launch]
-        while p >= 0 and p not in call_set:
-            p = parent[p]
-        if p >= 0:
-            replays.setdefault(p, []).append(launch)
-    replay_of: dict[int, tuple[Callable[[Kernel | None, str], Attribution], list[Kernel]]] = {}
-    whole: dict[tuple[int, str], Kernel] = {}  # (graph, event name) -> the graph as one kernel
 
-    def claim(call: int, att: Attribution) -> None:
+@dataclasses.dataclass
+class _GraphCall:
+    """One compiled-graph call: its graph, the runtime module stack it ran under, and the
+    attributions of its kernels (one per kernel and stack, shared by every call: ``memo``)."""
+
+    graph: CompiledGraph | None
+    stack: tuple[str, ...] | None
+    outside: Outside | None  # the run is outside the model
+    name: str
+    memo: dict[int, Attribution]  # by id(kernel)
+    kernel_events: list[tuple[int, Attribution]] = dataclasses.field(default_factory=list)
+
+
+class _Annotator:
+    """:func:`annotate` in steps: the compiled-graph calls (:meth:`graph_call`), the ops compiled
+    frames ran eagerly (:meth:`eager_ops`), the device events (:meth:`device_events`), and what
+    ran outside the compiled regions (:func:`outside_samples`)."""
+
+    def __init__(self, events: list[dict[str, Any]], capture: Capture) -> None:
+        self.events = events
+        self.capture = capture
+        self.graphs = {g.index: g for g in capture.graphs}
+        self.nesting = _nest(events)
+        self.attributions: dict[int, Attribution] = {}
+        self.samples: list[Sample] = []
+        self.new_events: list[dict[str, Any]] = []
+        self.compiled_self = self.attributed_self = 0.0
+        self.unattributed_events = self.unknown_stacks = 0
+        self.graph_ranges: set[int] = set()
+        # the runtime stacks of each Dynamo graph's forward runs not yet matched by a backward run
+        self.pending: dict[int, list[tuple[tuple[str, ...] | None, Outside | None]]] = {}
+        # one Attribution per (runtime stack, kernel): shared by every call of that kernel
+        self.memo: dict[tuple[tuple[str, ...] | None, Outside | None], dict[int, Attribution]] = {}
+        self.keys: dict[str, str] = {}  # event name -> event_key
+        # Compiled-graph calls that replayed a CUDA graph (mode="reduce-overhead"): their kernels
+        # ran with no host event each, all launched by the replay
+        parent = self.nesting.parent
+        call_set = {r for _ts, _t, r in self.nesting.calls}
+        self.replays: dict[int, list[int]] = {}
+        for launch in self.nesting.graph_launches:
+            p = parent[launch]
+            while p >= 0 and p not in call_set:
+                p = parent[p]
+            if p >= 0:
+                self.replays.setdefault(p, []).append(launch)
+        self.replay_of: dict[int, tuple[Callable[[Kernel | None, str], Attribution], list[Kernel]]] = {}
+        self.whole: dict[tuple[int, str], Kernel] = {}  # (graph, event name) -> the graph as one kernel
+
+    def run(self) -> Report:
+        nesting = self.nesting
+        for _ts, t, r in nesting.calls:
+            self.graph_call(t, r)
+        uncaptured = self.eager_ops()
+        launched_here = self.device_events()
+        _write((self.events[i], att) for i, att in self.attributions.items())
+        eager = sum(nesting.self_us[i] for i in nesting.outside
+                    if i not in self.graph_ranges and nesting.cat[i] == "cpu_op")
+        self.events.extend(self.new_events)
+        return Report(self.samples, self.compiled_self, self.attributed_self, self.unattributed_events,
+                      len(nesting.calls), eager, self.unknown_stacks, uncaptured,
+                      outside_samples(nesting, self.graph_ranges | launched_here))
+
+    def claim(self, call: int, att: Attribution) -> None:
         """``call`` (a kernel call, an eager op) and every event below it are ``att``'s: one sample."""
-        nonlocal compiled_self, attributed_self, unattributed_events
+        children, self_us = self.nesting.children, self.nesting.self_us
         total_self = 0.0
         todo = [call]
         while todo:  # depth first
             j = todo.pop()
-            attributions[j] = att
+            self.attributions[j] = att
             total_self += self_us[j]
             kids = children[j]
             if kids:
                 todo.extend(kids)
-        compiled_self += total_self
+        self.compiled_self += total_self
         if att.attributed:
-            attributed_self += total_self
+            self.attributed_self += total_self
         else:
-            unattributed_events += 1
-        samples.append(Sample(att, nesting.dur[call], total_self, start_us=nesting.start[call]))
+            self.unattributed_events += 1
+        self.samples.append(Sample(att, self.nesting.dur[call], total_self, start_us=self.nesting.start[call]))
 
-    def as_a_whole(graph: CompiledGraph, name: str) -> Kernel:
+    def as_a_whole(self, graph: CompiledGraph, name: str) -> Kernel:
         """A host op of a CUDA-graph replay's call (the input copy, the launch): the graph's as a whole."""
-        kernel = whole.get((graph.index, name))
+        kernel = self.whole.get((graph.index, name))
         if kernel is None:
-            kernel = whole[(graph.index, name)] = Kernel(name, name, graph.common_scope)
+            kernel = self.whole[(graph.index, name)] = Kernel(name, name, graph.common_scope)
         return kernel
 
-    for _ts, t, r in calls:
-        m = GRAPH_RANGE.match(names[r])
-        assert m is not None
-        graph = graphs.get(int(m.group(1)))
-        # The runtime module stack: from the enclosing Dynamo graph run, or (backward) the
-        # latest forward run of the same Dynamo graph.
+    def runtime_stack(self, r: int, graph: CompiledGraph | None) -> tuple[tuple[str, ...] | None, Outside | None]:
+        """The runtime module stack of graph call ``r``: from the enclosing Dynamo graph run, or
+        (backward) the latest forward run of the same Dynamo graph."""
+        names, parent, capture = self.nesting.name, self.nesting.parent, self.capture
         stack: tuple[str, ...] | None = None
-        outside: Outside | None = None  # the run is outside the model
+        outside: Outside | None = None
         p = parent[r]
         while p >= 0:
             sid = _stack_id(names[p])
@@ -375,156 +409,157 @@ def annotate(doc: dict[str, Any], capture: Capture) -> Report:
                 break
             p = parent[p]
         if graph is not None and graph.kind == "forward":
-            pending.setdefault(graph.dynamo_graph, []).append((stack, outside))
+            self.pending.setdefault(graph.dynamo_graph, []).append((stack, outside))
         elif graph is not None and graph.kind == "backward":
-            waiting = pending.get(graph.dynamo_graph)
+            waiting = self.pending.get(graph.dynamo_graph)
             stack, outside = waiting.pop() if waiting else (None, None)
             if stack is None:
-                unknown_stacks += 1
-        base = stack or ()
-        graph_name = f"graph {graph.index} {graph.kind}" if graph else names[r]
-        kernel_events: list[tuple[int, Attribution]] = []
-        kernel_memo = memo.setdefault((stack, outside), {})  # by id(kernel)
+                self.unknown_stacks += 1
+        return stack, outside
 
-        # bound to this call: a CUDA-graph replay's device kernels are attributed after the loop
-        def attribution(kernel: Kernel | None, name: str, graph: CompiledGraph | None = graph,
-                        stack: tuple[str, ...] | None = stack, outside: Outside | None = outside,
-                        base: tuple[str, ...] = base, graph_name: str = graph_name,
-                        kernel_memo: dict[int, Attribution] = kernel_memo) -> Attribution:
-            if kernel is None or graph is None:
-                why = "not a kernel of this graph" if graph is not None else "graph not captured"
-                return Attribution(capture.scopes.absolute(base) + (UNATTRIBUTED,), name, graph=graph_name, reason=why)
-            found = kernel_memo.get(id(kernel))
-            if found is None:
-                scope = capture.scopes.absolute(base, *kernel.sites, kernel.hierarchy, outside=outside)
-                sources = tuple(capture.scopes.absolute(base, *kernel.sites, s, outside=outside)
-                                for s in kernel.sources)
-                if stack is None and graph.backward:
-                    scope = scope[:1] + ("(forward call not in trace)",) + scope[1:]
-                recompute = graph.backward and kernel.recompute
-                label = kernel.name + (" (re)" if recompute else " (bw)" if graph.backward else "")
-                found = kernel_memo[id(kernel)] = Attribution(scope, label, graph.backward, sources, graph_name,
-                                                              recompute=recompute)
-            return found
-
-        def match(calls: Iterable[int], matcher: _Matcher | None, within: Branch | None = None) -> None:
-            """The kernel calls among ``calls`` (events of one graph call, or of a cond branch's call,
-            or of a whole scan's or map's call: ``within``)."""
-            for outer, c in _look_through_python(nesting, calls):
-                name = names[c]
-                if graph is not None and graph.branches and name.startswith(BRANCH_PREFIX):
-                    b = BRANCH_RANGE.match(name)
-                    branch = graph.branches.get(b.group(1)) if b else None
-                    if branch is not None:  # the branch that ran: its own time is Python's, not a kernel's
-                        _write([(events[c], attribution(branch.call, name))])
-                        match(children[c] or (), _Matcher(branch.kernels), branch)
-                        continue
-                kernel = None
-                if matcher is not None:
-                    key = keys.get(name)
-                    if key is None:
-                        key = keys[name] = event_key(name)
-                    kernel = matcher.match(key)
-                    if kernel is None and graph is not None:
-                        kernel = graph.repeats.get(key)  # a loop's predicate, a host scalar read
-                    if kernel is None and within is not None:
-                        kernel = within.own_kernel(key)  # a scan's or map's own loop
-                kernel_events.append((outer, attribution(kernel, name)))
-
-        if r in replays and graph is not None:
+    def graph_call(self, t: tuple[Any, Any], r: int) -> None:
+        """Attribute the kernel calls of compiled-graph call ``r`` (on thread ``t``) and add its scope slices."""
+        nesting = self.nesting
+        m = GRAPH_RANGE.match(nesting.name[r])
+        assert m is not None
+        graph = self.graphs.get(int(m.group(1)))
+        stack, outside = self.runtime_stack(r, graph)
+        call = _GraphCall(graph, stack, outside, f"graph {graph.index} {graph.kind}" if graph else nesting.name[r],
+                          self.memo.setdefault((stack, outside), {}))
+        if r in self.replays and graph is not None:
             # The host's part of a replay (copying the inputs, the launch) is the graph's as a whole
-            for outer, c in _look_through_python(nesting, children[r] or ()):
-                name = names[c]
-                kernel_events.append((outer, attribution(as_a_whole(graph, name), name)))
-            for launch in replays[r]:
-                replay_of[launch] = (attribution, graph.kernels)
+            for outer, c in _look_through_python(nesting, nesting.children[r] or ()):
+                name = nesting.name[c]
+                call.kernel_events.append((outer, self.attribution(call, self.as_a_whole(graph, name), name)))
+            for launch in self.replays[r]:
+                self.replay_of[launch] = (functools.partial(self.attribution, call), graph.kernels)
         else:
-            match(children[r] or (), _Matcher(graph.kernels) if graph is not None else None)
-
-        for c, att in kernel_events:
-            claim(c, att)
+            self.match(call, nesting.children[r] or (), _Matcher(graph.kernels) if graph is not None else None)
+        for c, att in call.kernel_events:
+            self.claim(c, att)
         # the range's own self time (the Python wrapper around the generated code)
-        graph_ranges.add(r)
-        new_events.extend(_scope_slices(nesting, t, kernel_events))
+        self.graph_ranges.add(r)
+        self.new_events.extend(_scope_slices(nesting, t, call.kernel_events))
 
-    # ATen ops that ran eagerly inside a compiled frame, outside its graphs (at a graph break, in
-    # AOTAutograd's runtime wrappers): the module stack of the frame's graph run beside or around them
-    eager_ops, uncaptured = _eager_in_compiled_frames(nesting, graph_ranges)
-    eager_memo: dict[tuple[tuple[int, ...], str], Attribution] = {}
-    for op, runs in eager_ops:
-        name = names[op]
-        sids = {sid for sid in map(_stack_id, (names[run] for run in runs))
-                if sid is not None and sid < len(capture.stacks)}
-        key = (tuple(sorted(sids)), name)
-        att = eager_memo.get(key)
-        if att is None:
-            if sids:  # several: the op's frame is not known, their common scope is
-                scope = common_prefix(capture.scopes.absolute(capture.stacks[sid], outside=capture.outside[sid])
-                                      for sid in key[0])
-                att = Attribution(scope, f"{name} (eager)", graph=EAGER_GRAPH)
-            else:
-                att = Attribution((capture.scopes.root_label, UNATTRIBUTED), f"{name} (eager)", graph=EAGER_GRAPH,
-                                  reason="ran eagerly in a compiled frame in which no graph of ours ran")
-            eager_memo[key] = att
-        claim(op, att)
-        e = events[op]
-        new_events.extend(_scope_slices(nesting, (e.get("pid"), e.get("tid")), [(op, att)]))
+    def attribution(self, call: _GraphCall, kernel: Kernel | None, name: str) -> Attribution:
+        """The attribution of ``kernel``'s event ``name`` in ``call``."""
+        graph, capture = call.graph, self.capture
+        base = call.stack or ()
+        if kernel is None or graph is None:
+            why = "not a kernel of this graph" if graph is not None else "graph not captured"
+            return Attribution(capture.scopes.absolute(base) + (UNATTRIBUTED,), name, graph=call.name, reason=why)
+        found = call.memo.get(id(kernel))
+        if found is None:
+            scope = capture.scopes.absolute(base, *kernel.sites, kernel.hierarchy, outside=call.outside)
+            sources = tuple(capture.scopes.absolute(base, *kernel.sites, s, outside=call.outside)
+                            for s in kernel.sources)
+            if call.stack is None and graph.backward:
+                scope = scope[:1] + ("(forward call not in trace)",) + scope[1:]
+            recompute = graph.backward and kernel.recompute
+            label = kernel.name + (" (re)" if recompute else " (bw)" if graph.backward else "")
+            found = call.memo[id(kernel)] = Attribution(scope, label, graph.backward, sources, call.name,
+                                                        recompute=recompute)
+        return found
 
-    # Device events: the attribution of the CPU event that launched them (args.correlation), and
-    # scope slices on their own track (a stream), per compiled-graph call: a stream runs the
-    # kernels of one call in launch order, and nothing else comes between them but what that
-    # call launched.
-    device_events: list[tuple[dict[str, Any], Attribution]] = []
-    launched_here: set[int] = set()  # device events launched by a compiled graph's kernel calls
-    if nesting.device:
-        by_corr: dict[Any, int] = {}
-        for i in attributions:
-            corr = (events[i].get("args") or {}).get("correlation")
-            if corr is not None:
-                by_corr[corr] = i
-        launched_by = [(d, by_corr.get((events[d].get("args") or {}).get("correlation"))) for d in nesting.device]
-        replayed: dict[int, Attribution] = {}
-        if replay_of:
-            runs: dict[int, list[int]] = {}
+    def match(self, call: _GraphCall, calls: Iterable[int], matcher: _Matcher | None,
+              within: Branch | None = None) -> None:
+        """The kernel calls among ``calls`` (events of one graph call, or of a cond branch's call,
+        or of a whole scan's or map's call: ``within``)."""
+        graph, names, keys = call.graph, self.nesting.name, self.keys
+        for outer, c in _look_through_python(self.nesting, calls):
+            name = names[c]
+            if graph is not None and graph.branches and name.startswith(BRANCH_PREFIX):
+                b = BRANCH_RANGE.match(name)
+                branch = graph.branches.get(b.group(1)) if b else None
+                if branch is not None:  # the branch that ran: its own time is Python's, not a kernel's
+                    _write([(self.events[c], self.attribution(call, branch.call, name))])
+                    self.match(call, self.nesting.children[c] or (), _Matcher(branch.kernels), branch)
+                    continue
+            kernel = None
+            if matcher is not None:
+                key = keys.get(name)
+                if key is None:
+                    key = keys[name] = event_key(name)
+                kernel = matcher.match(key)
+                if kernel is None and graph is not None:
+                    kernel = graph.repeats.get(key)  # a loop's predicate, a host scalar read
+                if kernel is None and within is not None:
+                    kernel = within.own_kernel(key)  # a scan's or map's own loop
+            call.kernel_events.append((outer, self.attribution(call, kernel, name)))
+
+    def eager_ops(self) -> float:
+        """ATen ops that ran eagerly inside a compiled frame, outside its graphs (at a graph break, in
+        AOTAutograd's runtime wrappers): the module stack of the frame's graph run beside or around
+        them.  Returns the self time of those of frames in which no graph of ours ran."""
+        nesting, capture, names = self.nesting, self.capture, self.nesting.name
+        eager_ops, uncaptured = _eager_in_compiled_frames(nesting, self.graph_ranges)
+        eager_memo: dict[tuple[tuple[int, ...], str], Attribution] = {}
+        for op, runs in eager_ops:
+            name = names[op]
+            sids = {sid for sid in map(_stack_id, (names[run] for run in runs))
+                    if sid is not None and sid < len(capture.stacks)}
+            key = (tuple(sorted(sids)), name)
+            att = eager_memo.get(key)
+            if att is None:
+                if sids:  # several: the op's frame is not known, their common scope is
+                    scope = common_prefix(capture.scopes.absolute(capture.stacks[sid], outside=capture.outside[sid])
+                                          for sid in key[0])
+                    att = Attribution(scope, f"{name} (eager)", graph=EAGER_GRAPH)
+                else:
+                    att = Attribution((capture.scopes.root_label, UNATTRIBUTED), f"{name} (eager)",
+                                      graph=EAGER_GRAPH,
+                                      reason="ran eagerly in a compiled frame in which no graph of ours ran")
+                eager_memo[key] = att
+            self.claim(op, att)
+            e = self.events[op]
+            self.new_events.extend(_scope_slices(nesting, (e.get("pid"), e.get("tid")), [(op, att)]))
+        return uncaptured
+
+    def device_events(self) -> set[int]:
+        """Device events: the attribution of the CPU event that launched them (args.correlation), and
+        scope slices on their own track (a stream), per compiled-graph call: a stream runs the
+        kernels of one call in launch order, and nothing else comes between them but what that
+        call launched.  Returns the device events so attributed."""
+        nesting, events = self.nesting, self.events
+        device_events: list[tuple[dict[str, Any], Attribution]] = []
+        launched_here: set[int] = set()
+        if nesting.device:
+            by_corr: dict[Any, int] = {}
+            for i in self.attributions:
+                corr = (events[i].get("args") or {}).get("correlation")
+                if corr is not None:
+                    by_corr[corr] = i
+            launched_by = [(d, by_corr.get((events[d].get("args") or {}).get("correlation"))) for d in nesting.device]
+            replayed: dict[int, Attribution] = {}
+            if self.replay_of:
+                runs: dict[int, list[int]] = {}
+                for d, launcher in launched_by:
+                    if launcher in self.replay_of:
+                        runs.setdefault(launcher, []).append(d)
+                for launcher, run in runs.items():
+                    run.sort(key=nesting.start.__getitem__)
+                    replayed.update(_replayed(events, run, *self.replay_of[launcher]))
+            tracks: dict[tuple[Any, Any, int], list[tuple[int, Attribution]]] = {}
             for d, launcher in launched_by:
-                if launcher in replay_of:
-                    runs.setdefault(launcher, []).append(d)
-            for launcher, run in runs.items():
-                run.sort(key=nesting.start.__getitem__)
-                replayed.update(_replayed(events, run, *replay_of[launcher]))
-        tracks: dict[tuple[Any, Any, int], list[tuple[int, Attribution]]] = {}
-        for d, launcher in launched_by:
-            if launcher is None:
-                continue
-            launched_here.add(d)
-            e = events[d]
-            launched = replayed.get(d) or attributions[launcher]
-            device_events.append((e, launched))
-            dur = float(e.get("dur", 0.0))
-            samples.append(Sample(dataclasses.replace(launched, kernel=launched.kernel + " [device]"), dur, dur,
-                                  device=True, start_us=nesting.start[launcher]))
-            call = launcher
-            while call >= 0 and call not in graph_ranges:
-                call = parent[call]
-            if "ts" in e:
-                tracks.setdefault((e.get("pid"), e.get("tid"), call), []).append((d, launched))
-        for (pid, tid, _call), kernels in tracks.items():
-            kernels.sort(key=lambda k: nesting.start[k[0]])
-            new_events.extend(_scope_slices(nesting, (pid, tid), kernels))
-
-    _write(device_events)
-    _write((events[i], att) for i, att in attributions.items())
-
-    eager = 0.0
-    for i in nesting.outside:
-        if i in graph_ranges or nesting.cat[i] != "cpu_op":
-            continue
-        eager += self_us[i]
-
-    events.extend(new_events)
-    return Report(samples, compiled_self, attributed_self, unattributed_events, len(calls), eager, unknown_stacks,
-                  uncaptured, outside_samples(nesting, graph_ranges | launched_here))
-
+                if launcher is None:
+                    continue
+                launched_here.add(d)
+                e = events[d]
+                launched = replayed.get(d) or self.attributions[launcher]
+                device_events.append((e, launched))
+                dur = float(e.get("dur", 0.0))
+                self.samples.append(Sample(dataclasses.replace(launched, kernel=launched.kernel + " [device]"), dur,
+                                           dur, device=True, start_us=nesting.start[launcher]))
+                call = launcher
+                while call >= 0 and call not in self.graph_ranges:
+                    call = nesting.parent[call]
+                if "ts" in e:
+                    tracks.setdefault((e.get("pid"), e.get("tid"), call), []).append((d, launched))
+            for (pid, tid, _call), kernels in tracks.items():
+                kernels.sort(key=lambda k: nesting.start[k[0]])
+                self.new_events.extend(_scope_slices(nesting, (pid, tid), kernels))
+        _write(device_events)
+        return launched_here
 
 OUTSIDE_GRAPHS = "(outside compiled graphs)"
 COMMUNICATION = "communication"
