@@ -79,8 +79,9 @@ def _walk(node, path):
 
 
 def profile_with_upstream_handler(out: Path, steps: int = 3, record: bool = True,
-                                  model_class: type[Net] = Net) -> Path:
-    """What a user's own training script does: flag, upstream's handler, no code of this project."""
+                                  model_class: type[Net] = Net, per_block: bool = False) -> Path:
+    """What a user's own training script does: flag, upstream's handler, no code of this project
+    (``per_block``: each of the model's layers compiled on its own, the model not)."""
     from torch._inductor.profiler import inductor_trace_handler
 
     torch._dynamo.reset()
@@ -90,7 +91,12 @@ def profile_with_upstream_handler(out: Path, steps: int = 3, record: bool = True
           torch._inductor.config.patch({"trace.provenance_tracking_to_timeline": True,
                                         "cpp.enable_kernel_profile": True, "fx_graph_cache": False}),
           torch._functorch.config.patch(enable_autograd_cache=False)):
-        compiled = torch.compile(model)
+        if per_block:
+            for layer in model.layers:
+                layer.compile()
+            compiled = model
+        else:
+            compiled = torch.compile(model)
         compiled(x).backward()
         # PyTorch's recipe: a schedule (whose steps are ProfilerStep#N ranges in the trace)
         schedule = torch.profiler.schedule(wait=0, warmup=1, active=steps, repeat=1)
@@ -429,6 +435,21 @@ def test_a_trace_without_profiler_steps_warns_that_times_are_totals(handler_trac
                            str(tmp_path / "out")], cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr
     assert "totals over the whole trace" in proc.stdout and "warning: the trace has no ProfilerStep#N" in proc.stdout
+
+
+def test_a_frame_compiled_for_each_block_is_said_to_merge_their_kernels(tmp_path: Path) -> None:
+    """Each layer compiled on its own: one compiled frame runs for both, and the trace does not say
+    which layer ran a kernel; the tree says so rather than presenting one layer's scopes as the
+    model's (a whole-model compile, ``handler_trace``, gets no such warning)."""
+    trace = profile_with_upstream_handler(tmp_path / "traces", per_block=True)
+    profile = read_trace(trace)
+    assert profile.repeated_frames == {"0/0": 2.0}
+    (warning,) = profile.warnings()
+    assert "0/0 2 times" in warning and "merged" in warning
+    proc = subprocess.run([sys.executable, "-m", "scripts.profile_hierarchy", "--trace", str(trace), "--out",
+                           str(tmp_path / "out")], cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert "warning: compiled frame(s) entered more than once per iteration (0/0 2 times)" in proc.stdout
 
 
 def test_compiled_kernels_without_scopes_name_every_cause(handler_trace: Path, tmp_path: Path) -> None:

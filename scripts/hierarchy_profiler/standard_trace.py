@@ -55,6 +55,8 @@ class TraceProfile:
     rank: int | None = None
     # communication and eager ops outside the compiled regions (see annotate.outside_samples)
     outside: Scope | None = None
+    # compiled frames (Dynamo's "F/C" id) entered more than once per iteration: runs per iteration
+    repeated_frames: dict[str, float] = dataclasses.field(default_factory=dict)
 
     def summary(self) -> str:
         per = self.iterations
@@ -73,11 +75,38 @@ class TraceProfile:
 
     def warnings(self) -> list[str]:
         """What the reader of the tree must know about its figures."""
-        if self.stepped:
-            return []
-        return ["the trace has no ProfilerStep#N range around its kernels (profile with a "
-                "torch.profiler.schedule, or call prof.step() each iteration): the times are totals over the "
-                "whole trace, not means per iteration"]
+        found = [] if self.stepped else [
+            "the trace has no ProfilerStep#N range around its kernels (profile with a "
+            "torch.profiler.schedule, or call prof.step() each iteration): the times are totals over the "
+            "whole trace, not means per iteration"]
+        return found + repeated_frames_warning(self.repeated_frames)
+
+
+def repeated_frames_warning(repeated: dict[str, float]) -> list[str]:
+    """Say that a compiled frame run several times per iteration may be several call sites, merged."""
+    if not repeated:
+        return []
+    runs = ", ".join(f"{frame} {n:g} times" for frame, n in sorted(repeated.items()))
+    return [f"compiled frame(s) entered more than once per iteration ({runs}): if those are different call sites "
+            "(each block compiled on its own, as with FSDP2), the trace does not say which ran each kernel, and "
+            "their kernels are merged under the frame's relative scopes; CallHierarchyProfiler (the main command, "
+            "--nproc N --fsdp) places each run under the module stack it ran under"]
+
+
+_FRAME_REGION = re.compile(r"^Torch-Compiled Region: (\d+/\d+)$")
+
+
+def _repeated_frames(events: list[dict[str, Any]], steps: list[tuple[float, float]] | None,
+                     iterations: int) -> dict[str, float]:
+    """Compiled frames entered more than once per iteration (within ``steps``, if given)."""
+    counts: dict[str, int] = defaultdict(int)
+    for e in events:
+        if e.get("ph") != "X":
+            continue
+        m = _FRAME_REGION.match(str(e.get("name", "")))
+        if m and (steps is None or _within(steps, float(e["ts"])) >= 0):
+            counts[m.group(1)] += 1
+    return {frame: n / iterations for frame, n in counts.items() if n > iterations}
 
 
 # Why kernel events of compiled graphs can lack a call hierarchy, whatever the flags are now.
@@ -178,6 +207,8 @@ class RankedProfile:
     stepped: bool
     # each rank's communication and eager ops outside the compiled regions
     outside: dict[int, Scope] = dataclasses.field(default_factory=dict)
+    # compiled frames entered more than once per iteration, on some rank (the most runs)
+    repeated_frames: dict[str, float] = dataclasses.field(default_factory=dict)
 
     def summary(self) -> str:
         calls = ", ".join(f"rank {r}: {n:g}" for r, n in sorted(self.kernel_calls.items()))
@@ -195,10 +226,10 @@ class RankedProfile:
         return scope_dataframe(self.root)
 
     def warnings(self) -> list[str]:
-        if self.stepped:
-            return []
-        return [("a trace has no ProfilerStep#N range around its kernels: its times are totals over the whole "
-                 "trace, not means per iteration")]
+        found = [] if self.stepped else [
+            "a trace has no ProfilerStep#N range around its kernels: its times are totals over the whole trace, "
+            "not means per iteration"]
+        return found + repeated_frames_warning(self.repeated_frames)
 
 
 def read_traces(paths: Sequence[str | Path]) -> TraceProfile | RankedProfile:
@@ -220,8 +251,13 @@ def read_traces(paths: Sequence[str | Path]) -> TraceProfile | RankedProfile:
         found = [p.outside for p in ps if p.outside is not None]
         if found:
             outside[rank] = merge_trees(found, statistics.mean) if len(found) > 1 else found[0]
+    repeated: dict[str, float] = {}
+    for p in profiles:
+        for frame, n in p.repeated_frames.items():
+            repeated[frame] = max(n, repeated.get(frame, 0.0))
     return RankedProfile(trees, merge_ranks(trees), len(files), calls,
-                         sum(p.without_hierarchy for p in profiles), all(p.stepped for p in profiles), outside)
+                         sum(p.without_hierarchy for p in profiles), all(p.stepped for p in profiles), outside,
+                         repeated)
 
 
 def profile_from_events(events: list[dict[str, Any]]) -> TraceProfile:
@@ -293,5 +329,6 @@ def profile_from_events(events: list[dict[str, Any]]) -> TraceProfile:
     else:
         outside_by_step = None
     outside_root = build_tree(outside, iterations, OUTSIDE_GRAPHS, outside_by_step) if outside else None
+    used_steps = [steps[i] for i in sorted(index)] if by_step is not None else None
     return TraceProfile(root, iterations, host_calls, len(samples) - host_calls, without, by_step is not None,
-                        outside=outside_root)
+                        outside=outside_root, repeated_frames=_repeated_frames(events, used_steps, iterations))
