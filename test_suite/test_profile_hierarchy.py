@@ -1849,12 +1849,17 @@ def test_fsdp_places_each_block_s_kernels_under_the_block_that_ran_them(tmp_path
 
 def test_ops_outside_the_compiled_graphs_are_their_own_tree() -> None:
     """The loss and the backward's seed run eagerly, outside the compiled graphs: rows of
-    ``(outside compiled graphs) > eager ops``, never in the compiled graphs' tree or its share."""
+    ``(outside compiled graphs) > eager ops``, never in the compiled graphs' tree or its share;
+    Dynamo's guard checks are ``> torch.compile runtime``."""
     result = profile("nested", train=True)
     assert result.outside is not None and result.outside.label == "(outside compiled graphs)"
     eager = result.outside.children["eager ops"]
     assert "aten::sum" in eager.ops and "aten::ones_like" in eager.ops, sorted(eager.ops)
     assert "communication" not in result.outside.children
+    # Dynamo's guard checks and the compiled region's own Python are torch.compile's, not eager ops
+    runtime = result.outside.children["torch.compile runtime"]
+    assert "TorchDynamo Cache Lookup" in runtime.ops, sorted(runtime.ops)
+    assert not any(op.startswith(("TorchDynamo", "Torch-Compiled Region")) for op in eager.ops), sorted(eager.ops)
     assert all(s.attribution.scope[0] != "(outside compiled graphs)" for s in result.report.samples)
     assert "eager ops" in result.format_outside()
 

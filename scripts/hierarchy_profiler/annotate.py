@@ -564,6 +564,9 @@ class _Annotator:
 OUTSIDE_GRAPHS = "(outside compiled graphs)"
 COMMUNICATION = "communication"
 EAGER_OPS = "eager ops"
+COMPILE_RUNTIME = "torch.compile runtime"
+# torch.compile's own work around the compiled graphs: guard checks, the compiled regions' own Python
+_COMPILE_RUNTIME_NAMES = ("TorchDynamo Cache Lookup", *REGION_PREFIXES)
 # Collectives as the profiler records them: c10d's ops (the launch), the process group's own
 # ranges (gloo's work; NCCL's), FSDP2's copies in and out of its all-gather and reduce-scatter
 # buffers, and NCCL's device kernels
@@ -575,8 +578,9 @@ _COLLECTIVE_KERNELS = ("ncclDevKernel", "ncclKernel")
 def outside_samples(nesting: _Nesting, claimed: set[int]) -> list[Sample]:
     """The ATen ops and collectives that ran outside the compiled regions (an eager model's parts,
     the loss, the optimizer, DDP's and FSDP2's communication), each a sample of
-    ``(outside compiled graphs) > communication`` or ``> eager ops`` by its name: self times, so
-    a collective's range and the op it runs in count once.  ``claimed``: events of the compiled
+    ``(outside compiled graphs) > communication``, ``> torch.compile runtime`` (guard checks, the
+    compiled regions' own Python) or ``> eager ops`` by its name: self times, so a collective's
+    range and the op it runs in count once.  ``claimed``: events of the compiled
     graphs' samples (their calls' ranges, the device kernels their calls launched)."""
     out: list[Sample] = []
     gpu_cats = frozenset(GPU_CATS)
@@ -592,6 +596,8 @@ def outside_samples(nesting: _Nesting, claimed: set[int]) -> list[Sample]:
             continue
         if name.startswith(_COLLECTIVE_PREFIXES):
             scope = (OUTSIDE_GRAPHS, COMMUNICATION)
+        elif name.startswith(_COMPILE_RUNTIME_NAMES):
+            scope = (OUTSIDE_GRAPHS, COMPILE_RUNTIME)
         elif cat == "cpu_op":
             scope = (OUTSIDE_GRAPHS, EAGER_OPS)
         else:

@@ -22,8 +22,8 @@ module/function call hierarchy.  Prints self/total time per scope and the share 
 compiled-region kernel time attributed; writes the profiler's own Chrome trace annotated
 with the scopes (open it in https://ui.perfetto.dev), folded stacks and a flame graph."""
 
-OUTSIDE_HEADING = ("outside the compiled graphs (not in the tree above; self time per iteration): "
-                   "communication and eager ops")
+OUTSIDE_HEADING = ("outside the compiled graphs' kernels (not in the tree above; self time per iteration): "
+                   "communication, torch.compile's runtime, eager ops")
 
 # the repository's build directory, wherever the command runs from
 DEFAULT_OUT = Path(__file__).resolve().parents[2] / "build" / "profile_hierarchy"
