@@ -616,6 +616,63 @@ dist.destroy_process_group()
 '''
 
 
+FSDP_SCRIPT = '''
+import sys
+import torch
+import torch.distributed as dist
+from torch._inductor.profiler import inductor_trace_handler
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+
+sys.path.insert(0, {root!r})
+from scripts.hierarchy_profiler import models
+
+dist.init_process_group("gloo")
+torch._dynamo.config.record_call_hierarchy = True
+torch._inductor.config.trace.provenance_tracking_to_timeline = True
+torch._inductor.config.cpp.enable_kernel_profile = True
+workload = models.build("nested")
+mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+for layer in workload.model.layers:  # torchtitan's shape: each block sharded and compiled on its own
+    fully_shard(layer, mesh=mesh)
+    layer.compile()
+model = fully_shard(workload.model, mesh=mesh)
+model(*workload.args).sum().backward()
+schedule = torch.profiler.schedule(wait=0, warmup=1, active=2, repeat=1)
+with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], schedule=schedule,
+                            on_trace_ready=inductor_trace_handler({out!r})) as prof:
+    for _ in range(3):
+        model(*workload.args).sum().backward()
+        prof.step()
+dist.destroy_process_group()
+'''
+
+
+def test_fsdp2_blocks_compiled_each_are_placed_by_fsdp_s_ranges(tmp_path: Path) -> None:
+    """FSDP2 with each block compiled on its own, launched with torchrun on 2 CPU processes: one
+    compiled frame serves both blocks, and each kernel call (forward and backward) is placed under
+    the block whose FSDP2 hook range precedes it, the same kernels under each block."""
+    from scripts.hierarchy_profiler.standard_trace import RankedProfile, read_traces
+
+    out = tmp_path / "traces"
+    script = tmp_path / "train.py"
+    script.write_text(FSDP_SCRIPT.format(root=str(ROOT), out=str(out)))
+    env = dict(os.environ, OMP_NUM_THREADS="1", TORCHINDUCTOR_FX_GRAPH_CACHE="0", TORCHINDUCTOR_AUTOGRAD_CACHE="0")
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    profile = read_traces([out])
+    assert isinstance(profile, RankedProfile) and sorted(profile.ranks) == [0, 1]
+    for tree in profile.ranks.values():
+        assert sorted(tree.children) == ["layers.0 (FSDP block)", "layers.1 (FSDP block)"], sorted(tree.children)
+        first, second = (paths(tree.children[f"layers.{i} (FSDP block)"]) for i in (0, 1))
+        assert first == second and any(" (bw)" in op for ops in first.values() for op in ops), first
+    assert profile.placed_in_blocks == 2 * 2 * 24  # 2 ranks, 2 iterations, 24 kernel calls each
+    (warning,) = profile.warnings()
+    assert "placed under the FSDP2 block" in warning
+
+
 def test_torchrun_job_traces_give_every_rank_the_same_scopes(tmp_path: Path) -> None:
     """A DDP training script, launched with torchrun on 2 CPU processes (gloo), profiled with
     PyTorch's handler on each rank and no code of this project: one tree, scope for scope each

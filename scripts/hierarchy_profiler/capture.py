@@ -585,7 +585,7 @@ def cached_provenance(compiled: Any) -> tuple[dict[str, list[str]], dict[str, An
 # the functions at the top level of Inductor's Python wrapper that are not a subgraph's (an
 # invoke_subgraph body, a cond branch, a while_loop's body): its ``call`` is Runner's method
 _WRAPPER_FUNCTIONS = frozenset({"call", "get_args", "benchmark_compiled_module"})
-_TOP_LEVEL_DEF = re.compile(r"^def (\w+)\(", re.M)
+_TOP_LEVEL_DEF = re.compile(r"^def (\w+)\(", re.MULTILINE)
 
 
 def has_subgraph_functions(source: str) -> bool:

@@ -57,6 +57,8 @@ class TraceProfile:
     outside: Scope | None = None
     # compiled frames (Dynamo's "F/C" id) entered more than once per iteration: runs per iteration
     repeated_frames: dict[str, float] = dataclasses.field(default_factory=dict)
+    # host kernel calls of such frames placed under the FSDP2 block that ran them (see _FsdpBlocks)
+    placed_in_blocks: int = 0
 
     def summary(self) -> str:
         per = self.iterations
@@ -75,22 +77,58 @@ class TraceProfile:
 
     def warnings(self) -> list[str]:
         """What the reader of the tree must know about its figures."""
-        found = [] if self.stepped else [
+        found = [] if self.stepped else [(
             "the trace has no ProfilerStep#N range around its kernels (profile with a "
             "torch.profiler.schedule, or call prof.step() each iteration): the times are totals over the "
-            "whole trace, not means per iteration"]
-        return found + repeated_frames_warning(self.repeated_frames)
+            "whole trace, not means per iteration")]
+        return found + repeated_frames_warning(self.repeated_frames, self.placed_in_blocks)
 
 
-def repeated_frames_warning(repeated: dict[str, float]) -> list[str]:
-    """Say that a compiled frame run several times per iteration may be several call sites, merged."""
+def repeated_frames_warning(repeated: dict[str, float], placed: int = 0) -> list[str]:
+    """Say that a compiled frame run several times per iteration may be several call sites, merged,
+    or where its kernels were placed."""
     if not repeated:
         return []
     runs = ", ".join(f"{frame} {n:g} times" for frame, n in sorted(repeated.items()))
-    return [f"compiled frame(s) entered more than once per iteration ({runs}): if those are different call sites "
-            "(each block compiled on its own, as with FSDP2), the trace does not say which ran each kernel, and "
-            "their kernels are merged under the frame's relative scopes; CallHierarchyProfiler (the main command, "
-            "--nproc N --fsdp) places each run under the module stack it ran under"]
+    if placed:
+        return [(f"compiled frame(s) entered more than once per iteration ({runs}): each kernel call is placed under "
+                 f"the FSDP2 block whose FSDP::pre_forward or FSDP::pre_backward range comes last before it on its "
+                 f"thread, '<block> (FSDP block)' ({placed} kernel call(s))")]
+    return [(f"compiled frame(s) entered more than once per iteration ({runs}): if those are different call sites "
+             "(each block compiled on its own, as with FSDP2), the trace does not say which ran each kernel, and "
+             "their kernels are merged under the frame's relative scopes; CallHierarchyProfiler (the main command, "
+             "--nproc N --fsdp) places each run under the module stack it ran under")]
+
+
+# FSDP2's ranges around a block's hooks: ``FSDP::pre_forward (layers.0)``, ``FSDP::post_backward_reshard
+# (layers.0)``; a block's forward and backward run between its pre_ and post_ ranges
+_FSDP_HOOK = re.compile(r"^FSDP::(pre|post)_\w+ \((.+)\)$")
+
+
+class _FsdpBlocks:
+    """The FSDP2 block each host thread is in, from FSDP2's hook ranges: after a block's
+    ``pre_forward``/``pre_backward`` range and before the next hook range of any block, the thread
+    runs that block's forward or backward."""
+
+    def __init__(self, events: list[dict[str, Any]]) -> None:
+        marks: dict[Any, list[tuple[float, str | None]]] = defaultdict(list)
+        for e in events:
+            if e.get("ph") == "X":
+                m = _FSDP_HOOK.match(str(e.get("name", "")))
+                if m:
+                    marks[e.get("tid")].append((float(e["ts"]), m.group(2) if m.group(1) == "pre" else None))
+        self.starts = {tid: sorted(ms, key=lambda m: m[0]) for tid, ms in marks.items()}
+        self.times = {tid: [t for t, _ in ms] for tid, ms in self.starts.items()}
+
+    def __bool__(self) -> bool:
+        return bool(self.starts)
+
+    def block_at(self, tid: Any, ts: float) -> str | None:
+        times = self.times.get(tid)
+        if not times:
+            return None
+        i = bisect.bisect_right(times, ts) - 1
+        return self.starts[tid][i][1] if i >= 0 else None
 
 
 _FRAME_REGION = re.compile(r"^Torch-Compiled Region: (\d+/\d+)$")
@@ -209,6 +247,7 @@ class RankedProfile:
     outside: dict[int, Scope] = dataclasses.field(default_factory=dict)
     # compiled frames entered more than once per iteration, on some rank (the most runs)
     repeated_frames: dict[str, float] = dataclasses.field(default_factory=dict)
+    placed_in_blocks: int = 0  # host kernel calls placed under an FSDP2 block, all traces
 
     def summary(self) -> str:
         calls = ", ".join(f"rank {r}: {n:g}" for r, n in sorted(self.kernel_calls.items()))
@@ -226,10 +265,10 @@ class RankedProfile:
         return scope_dataframe(self.root)
 
     def warnings(self) -> list[str]:
-        found = [] if self.stepped else [
+        found = [] if self.stepped else [(
             "a trace has no ProfilerStep#N range around its kernels: its times are totals over the whole trace, "
-            "not means per iteration"]
-        return found + repeated_frames_warning(self.repeated_frames)
+            "not means per iteration")]
+        return found + repeated_frames_warning(self.repeated_frames, self.placed_in_blocks)
 
 
 def read_traces(paths: Sequence[str | Path]) -> TraceProfile | RankedProfile:
@@ -257,7 +296,7 @@ def read_traces(paths: Sequence[str | Path]) -> TraceProfile | RankedProfile:
             repeated[frame] = max(n, repeated.get(frame, 0.0))
     return RankedProfile(trees, merge_ranks(trees), len(files), calls,
                          sum(p.without_hierarchy for p in profiles), all(p.stepped for p in profiles), outside,
-                         repeated)
+                         repeated, sum(p.placed_in_blocks for p in profiles))
 
 
 def profile_from_events(events: list[dict[str, Any]]) -> TraceProfile:
@@ -275,6 +314,13 @@ def profile_from_events(events: list[dict[str, Any]]) -> TraceProfile:
     step_of: list[int] = []
     labels: dict[tuple[Any, ...], tuple[str, ...]] = {}
     without = 0
+    # A frame compiled for each FSDP2 block runs for every block: its kernels' scopes are relative to
+    # the block, which FSDP2's hook ranges name (never where no frame repeats: a whole-model compile's
+    # scopes name the blocks already)
+    blocks = _FsdpBlocks(events)
+    if blocks and not _repeated_frames(events, steps or None, max(len(steps), 1)):
+        blocks = _FsdpBlocks([])
+    placed = 0
     for e in events:
         if e.get("ph") != "X":
             continue
@@ -287,10 +333,15 @@ def profile_from_events(events: list[dict[str, Any]]) -> TraceProfile:
             if _GRAPH_PREFIX.match(e.get("name", "")) or (device and _within(regions.get(tid, []), ts) >= 0):
                 without += 1
             continue
-        key = tuple(map(str, hierarchy))
+        block = blocks.block_at(tid, ts) if blocks else None
+        key = (block, *map(str, hierarchy))
         scope = labels.get(key)
         if scope is None:
             scope = labels[key] = scope_labels(hierarchy)
+            if block is not None:
+                scope = labels[key] = (f"{block} (FSDP block)", *scope)
+        if block is not None and not device:
+            placed += 1
         kernel = _GRAPH_PREFIX.sub("", e.get("name", ""))
         is_backward = _within(backward.get(tid, []), ts) >= 0
         recompute = is_backward and bool(args.get("call_hierarchy_recomputed"))
@@ -331,4 +382,5 @@ def profile_from_events(events: list[dict[str, Any]]) -> TraceProfile:
     outside_root = build_tree(outside, iterations, OUTSIDE_GRAPHS, outside_by_step) if outside else None
     used_steps = [steps[i] for i in sorted(index)] if by_step is not None else None
     return TraceProfile(root, iterations, host_calls, len(samples) - host_calls, without, by_step is not None,
-                        outside=outside_root, repeated_frames=_repeated_frames(events, used_steps, iterations))
+                        outside=outside_root, repeated_frames=_repeated_frames(events, used_steps, iterations),
+                        placed_in_blocks=placed)
