@@ -1319,9 +1319,11 @@ def test_recomputation_has_its_own_column(fx_graph_cache: bool) -> None:
     assert "re ms" in result.format_tree().splitlines()[0]
 
 
-def test_objects_from_before_the_profile_are_frozen_during_it() -> None:
+def test_objects_from_before_the_profile_are_frozen_during_it(monkeypatch: pytest.MonkeyPatch) -> None:
     """What compiling left alive is kept out of the collections while the profile runs and is
-    post-processed, and given back after; a process's own frozen objects are left frozen."""
+    post-processed, and given back after; a process's own frozen objects are left frozen (neither
+    collected, refrozen nor unfrozen: the freeze count itself drops whenever a frozen object is
+    freed, so it is not compared)."""
     import gc
 
     from scripts.hierarchy_profiler.api import _frozen_gc
@@ -1333,11 +1335,15 @@ def test_objects_from_before_the_profile_are_frozen_during_it() -> None:
     assert gc.get_freeze_count() == 0
     gc.freeze()
     try:
-        frozen = gc.get_freeze_count()
+        calls: list[str] = []
+        monkeypatch.setattr(gc, "collect", lambda *args: calls.append("collect") or 0)
+        monkeypatch.setattr(gc, "freeze", lambda: calls.append("freeze"))
+        monkeypatch.setattr(gc, "unfreeze", lambda: calls.append("unfreeze"))
         with _frozen_gc():
-            assert gc.get_freeze_count() == frozen
-        assert gc.get_freeze_count() == frozen
+            pass
+        assert calls == []
     finally:
+        monkeypatch.undo()
         gc.unfreeze()
 
 
