@@ -632,6 +632,15 @@ torch._dynamo.config.record_call_hierarchy = True
 torch._inductor.config.trace.provenance_tracking_to_timeline = True
 torch._inductor.config.cpp.enable_kernel_profile = True
 workload = models.build("nested")
+
+
+class OtherBlock(models.Block):  # a block class of its own: its forward is a compiled frame of its own
+    def forward(self, x):
+        return x + self.mlp(self.norm(x))
+
+
+if {other_block!r}:
+    workload.model.layers[1].__class__ = OtherBlock
 mesh = init_device_mesh("cpu", (dist.get_world_size(),))
 for layer in workload.model.layers:  # torchtitan's shape: each block sharded and compiled on its own
     fully_shard(layer, mesh=mesh)
@@ -648,15 +657,17 @@ dist.destroy_process_group()
 '''
 
 
-def test_fsdp2_blocks_compiled_each_are_placed_by_fsdp_s_ranges(tmp_path: Path) -> None:
+@pytest.mark.parametrize("other_block", [False, True], ids=["one-frame", "a-frame-per-block-class"])
+def test_fsdp2_blocks_compiled_each_are_placed_by_fsdp_s_ranges(tmp_path: Path, other_block: bool) -> None:
     """FSDP2 with each block compiled on its own, launched with torchrun on 2 CPU processes: one
-    compiled frame serves both blocks, and each kernel call (forward and backward) is placed under
-    the block whose FSDP2 hook range precedes it, the same kernels under each block."""
+    compiled frame serves both blocks (or, the second block of a class of its own, each has its
+    frame, whose scopes are as relative to its block), and each kernel call (forward and backward)
+    is placed under the block whose FSDP2 hook range precedes it."""
     from scripts.hierarchy_profiler.standard_trace import RankedProfile, read_traces
 
     out = tmp_path / "traces"
     script = tmp_path / "train.py"
-    script.write_text(FSDP_SCRIPT.format(root=str(ROOT), out=str(out)))
+    script.write_text(FSDP_SCRIPT.format(root=str(ROOT), out=str(out), other_block=other_block))
     env = dict(os.environ, OMP_NUM_THREADS="1", TORCHINDUCTOR_FX_GRAPH_CACHE="0", TORCHINDUCTOR_AUTOGRAD_CACHE="0")
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                            str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
@@ -667,8 +678,15 @@ def test_fsdp2_blocks_compiled_each_are_placed_by_fsdp_s_ranges(tmp_path: Path) 
     for tree in profile.ranks.values():
         assert sorted(tree.children) == ["layers.0 (FSDP block)", "layers.1 (FSDP block)"], sorted(tree.children)
         first, second = (paths(tree.children[f"layers.{i} (FSDP block)"]) for i in (0, 1))
-        assert first == second and any(" (bw)" in op for ops in first.values() for op in ops), first
-    assert profile.placed_in_blocks == 2 * 2 * 24  # 2 ranks, 2 iterations, 24 kernel calls each
+        assert any(" (bw)" in op for ops in first.values() for op in ops), first
+        assert first["mlp (MLP) > up (Linear)"] == second["mlp (MLP) > up (Linear)"], (first, second)
+        if other_block:  # each block its own kernels: the second's norm is not fused with a tanh
+            assert any("tanh" in op for op in first[""]) and not any("tanh" in op for op in second[""]), (first, second)
+        else:
+            assert first == second, (first, second)
+    assert profile.repeated_frames == ({} if other_block else {"0/0": 2.0})
+    if not other_block:
+        assert profile.placed_in_blocks == 2 * 2 * 24  # 2 ranks, 2 iterations, 24 kernel calls each
     (warning,) = profile.warnings()
     assert "placed under the FSDP2 block" in warning
 

@@ -57,7 +57,7 @@ class TraceProfile:
     outside: Scope | None = None
     # compiled frames (Dynamo's "F/C" id) entered more than once per iteration: runs per iteration
     repeated_frames: dict[str, float] = dataclasses.field(default_factory=dict)
-    # host kernel calls of such frames placed under the FSDP2 block that ran them (see _FsdpBlocks)
+    # host kernel calls of FSDP2 blocks' own compiled frames placed under the block that ran them (see _FsdpBlocks)
     placed_in_blocks: int = 0
 
     def summary(self) -> str:
@@ -85,15 +85,16 @@ class TraceProfile:
 
 
 def repeated_frames_warning(repeated: dict[str, float], placed: int = 0) -> list[str]:
-    """Say that a compiled frame run several times per iteration may be several call sites, merged,
-    or where its kernels were placed."""
-    if not repeated:
-        return []
+    """Say where the kernels of FSDP2 blocks' own compiled frames were placed, or that a compiled frame
+    run several times per iteration may be several call sites, merged."""
     runs = ", ".join(f"{frame} {n:g} times" for frame, n in sorted(repeated.items()))
     if placed:
-        return [(f"compiled frame(s) entered more than once per iteration ({runs}): each kernel call is placed under "
+        entered = f"compiled frame(s) entered more than once per iteration ({runs}): " if repeated else ""
+        return [(f"{entered}scopes relative to FSDP2 blocks compiled on their own: each kernel call is placed under "
                  f"the FSDP2 block whose FSDP::pre_forward or FSDP::pre_backward range comes last before it on its "
                  f"thread, '<block> (FSDP block)' ({placed} kernel call(s))")]
+    if not repeated:
+        return []
     return [(f"compiled frame(s) entered more than once per iteration ({runs}): if those are different call sites "
              "(each block compiled on its own, as with FSDP2), the trace does not say which ran each kernel, and "
              "their kernels are merged under the frame's relative scopes; CallHierarchyProfiler (the main command, "
@@ -119,6 +120,7 @@ class _FsdpBlocks:
                     marks[e.get("tid")].append((float(e["ts"]), m.group(2) if m.group(1) == "pre" else None))
         self.starts = {tid: sorted(ms, key=lambda m: m[0]) for tid, ms in marks.items()}
         self.times = {tid: [t for t, _ in ms] for tid, ms in self.starts.items()}
+        self.names = {name for ms in self.starts.values() for _, name in ms if name is not None}
 
     def __bool__(self) -> bool:
         return bool(self.starts)
@@ -129,6 +131,18 @@ class _FsdpBlocks:
             return None
         i = bisect.bisect_right(times, ts) - 1
         return self.starts[tid][i][1] if i >= 0 else None
+
+    def named_in(self, events: list[dict[str, Any]]) -> bool:
+        """Whether a kernel's call hierarchy names a block (a module entry at its path or inside it):
+        its compiled frame is the whole model's, whose scopes name the blocks already."""
+        prefixes = tuple(f"{name}." for name in self.names)
+        for e in events:
+            hierarchy = (e.get("args") or {}).get("call_hierarchy")
+            for entry in hierarchy if isinstance(hierarchy, list) else ():
+                path = entry.get("path") if isinstance(entry, dict) else None
+                if isinstance(path, str) and (path in self.names or path.startswith(prefixes)):
+                    return True
+        return False
 
 
 _FRAME_REGION = re.compile(r"^Torch-Compiled Region: (\d+/\d+)$")
@@ -314,11 +328,11 @@ def profile_from_events(events: list[dict[str, Any]]) -> TraceProfile:
     step_of: list[int] = []
     labels: dict[tuple[Any, ...], tuple[str, ...]] = {}
     without = 0
-    # A frame compiled for each FSDP2 block runs for every block: its kernels' scopes are relative to
-    # the block, which FSDP2's hook ranges name (never where no frame repeats: a whole-model compile's
-    # scopes name the blocks already)
+    # A frame compiled for an FSDP2 block (one for every block, or one per block class) has scopes
+    # relative to the block, which FSDP2's hook ranges name; never placed where the scopes name the
+    # blocks already (a whole-model compile), unless a frame repeats (then it is a block's)
     blocks = _FsdpBlocks(events)
-    if blocks and not _repeated_frames(events, steps or None, max(len(steps), 1)):
+    if blocks and not _repeated_frames(events, steps or None, max(len(steps), 1)) and blocks.named_in(events):
         blocks = _FsdpBlocks([])
     placed = 0
     for e in events:
