@@ -1918,3 +1918,29 @@ def test_a_second_process_hits_the_caches_and_attributes_the_same(tmp_path: Path
     assert cold["hits"] == 0 and warm["hits"] > 0, (cold["hits"], warm["hits"])
     assert cold["share"] >= 0.99 and warm["share"] >= 0.99
     assert warm["counts"] == cold["counts"]
+
+
+def test_profiler_modules_import_one_way() -> None:
+    """The profiler is one pipeline (compile-time facts, trace, attribution, tree, outputs): no module
+    imports, at its top or in a function, a module that imports it back, however indirectly."""
+    import ast
+    import graphlib
+
+    package = Path(__file__).resolve().parent.parent / "scripts" / "hierarchy_profiler"
+    names = {p.stem for p in package.glob("*.py")} - {"__init__"}
+    graph: dict[str, set[str]] = {}
+    for name in names:
+        tree = ast.parse((package / f"{name}.py").read_text())
+        imported: set[str] = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                found = [node.module] if node.module else [alias.name for alias in node.names]
+                imported.update(m for m in found if m in names)
+        graph[name] = imported
+    assert graph["cli"] >= {"api", "distributed", "profile_model"}, graph  # the walk sees what it must
+    try:
+        graphlib.TopologicalSorter(graph).static_order()
+        cycle = None
+    except graphlib.CycleError as e:
+        cycle = e.args[1]
+    assert cycle is None, f"modules that import each other: {' -> '.join(cycle)}"

@@ -6,12 +6,12 @@ import argparse
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TextIO
 
 import torch
 
 from . import models
-from .api import BACKENDS, CallHierarchyProfiler, ProfileError, ProfileResult, check_out, prepare_out
+from .api import BACKENDS, ProfileError, check_out, prepare_out
+from .profile_model import profile_model
 from .tree import format_tree, merge_ranks
 
 DESCRIPTION = """\
@@ -63,14 +63,6 @@ def parser() -> argparse.ArgumentParser:
                    "and flame graph. Several files or directories (the traces of each rank of a torchrun "
                    "job): one tree, per scope the median over ranks and the slowest rank")
     return p
-
-
-def _progress(phase: str, done: int, total: int, stream: TextIO = sys.stderr) -> None:
-    bar = "#" * (20 * done // max(total, 1))
-    stream.write(f"\r{phase:<9} [{bar:<20}] {done}/{total}")
-    if done == total:
-        stream.write("\n")
-    stream.flush()
 
 
 def validate(args: argparse.Namespace) -> str | None:
@@ -127,17 +119,18 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     if args.nproc > 1:
-        from .distributed import blocks_of, run_ranks
+        from .distributed import blocks_of
 
         if args.fsdp and not blocks_of(workload.model):
             print(f"error: --fsdp: {args.model} has no nn.ModuleList of blocks to shard and compile on their own",
                   file=sys.stderr)
             return 2
-        return run_ranks(args)
-    profiled = profile_workload(args, workload, workload.model)
-    if isinstance(profiled, int):
-        return profiled
-    result, warmup, iters = profiled
+        return run_distributed(args)
+    try:
+        result, warmup, iters = profile_model(args, workload, workload.model)
+    except ProfileError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     model = workload.model
     mode = "train (forward + backward)" if args.train else "inference (no_grad)"
 
@@ -166,65 +159,6 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def profile_workload(args: argparse.Namespace, workload: models.Workload, model: torch.nn.Module,
-                     blocks: list[torch.nn.Module] | None = None) -> tuple[ProfileResult, int, int] | int:
-    """Compile ``model`` (the workload's model, or a wrapper of it such as DDP's), run the warm-up and
-    profile the measured iterations; the result, or 2 after a one-line error.  With ``blocks``, each
-    block is compiled in place (``nn.Module.compile``) and ``model`` runs as it is."""
-    warmup = args.warmup if args.profile else 1
-    iters = args.iters if args.profile else 1
-    workload.model.train(args.train)
-    mode = "train (forward + backward)" if args.train else "inference (no_grad)"
-    torch._dynamo.reset()
-    hp = CallHierarchyProfiler(model)
-
-    def iteration(compiled: Any) -> None:
-        if args.train:
-            workload.model.zero_grad(set_to_none=True)
-            output = compiled(*workload.args, **workload.kwargs)
-            workload.loss_of(output).backward()
-        else:
-            with torch.no_grad():
-                compiled(*workload.args, **workload.kwargs)
-
-    title = f"{args.model} / {args.backend} / {mode}"
-    try:
-        with hp:
-            # the default backend: torch.compile's own, routed through the profiler
-            backend = "inductor" if args.backend == "inductor" else hp.backend(args.backend)
-            compiled: Any
-            if blocks is not None:
-                for block in blocks:
-                    block.compile(backend=backend, fullgraph=args.fullgraph)
-                compiled = model
-            else:
-                compiled = torch.compile(model, backend=backend, fullgraph=args.fullgraph)
-            for i in range(warmup):
-                iteration(compiled)
-                if args.profile:
-                    _progress("warm-up", i + 1, warmup)
-            with hp.profile(iterations=iters, title=title) as prof:
-                for i in range(iters):
-                    with torch.profiler.record_function(f"## call_hierarchy iteration {i} ##"):
-                        iteration(compiled)
-                    prof.step()
-                    if args.profile:
-                        _progress("measure", i + 1, iters)
-    except (models.ModelError, ProfileError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except torch._dynamo.exc.Unsupported as e:  # only fullgraph=True lets a graph break out of Dynamo
-        if not args.fullgraph:
-            raise
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        print(f"error: --fullgraph: {args.model} has a graph break ({first}); profile it without --fullgraph "
-              "(each graph's scopes are still kept)", file=sys.stderr)
-        return 2
-    result = hp.result
-    assert result is not None
-    return result, warmup, iters
-
-
 def _write(out: Path, save: Callable[[], list[Path]]) -> bool:
     """Run ``save`` and list what it wrote; False with a one-line error if it could not write."""
     try:
@@ -236,6 +170,54 @@ def _write(out: Path, save: Callable[[], list[Path]]) -> bool:
     for path in written:
         print(f"  {path}")
     return True
+
+
+def run_distributed(args: argparse.Namespace) -> int:
+    """``--nproc N``: one tree of every rank's profile (see :mod:`.distributed`); 0, or 2 with a one-line error."""
+    from .distributed import run_ranks
+    from .output import (
+        ranks_root,
+        write_flamegraph,
+        write_ranked_folded,
+        write_scope_table,
+    )
+
+    try:
+        results = run_ranks(args)
+    except ProfileError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    trees = {rank: r.root for rank, r in results.items()}
+    root = merge_ranks(trees)
+    outside = {rank: r.outside for rank, r in results.items() if r.outside is not None}
+    wrapper = "FSDP2 (fully_shard), each block compiled," if args.fsdp else "DistributedDataParallel"
+    print(f"model {args.model}, backend {args.backend}, train with {wrapper} on {args.nproc} "
+          f"processes ({'NCCL' if torch.cuda.is_available() else 'gloo'})")
+    print("times: torch.profiler self/total time per scope, per iteration; per scope the median over the ranks, "
+          "then the slowest rank and its total")
+    print()
+    print(format_tree(root, timed=True, max_depth=args.depth))
+    print()
+    if outside:
+        print(OUTSIDE_HEADING)
+        print(format_tree(merge_ranks(outside), timed=True))
+        print()
+    for rank, r in sorted(results.items()):
+        print(f"rank {rank}: {r.summary.splitlines()[0]}")
+    print()
+
+    def save() -> list[Path]:
+        out_dir = prepare_out(args.out)
+        written = [out_dir / "scopes.csv", out_dir / "hierarchy.folded", out_dir / "hierarchy_us.folded",
+                   out_dir / "flamegraph.svg"]
+        write_scope_table(written[0], root)
+        write_ranked_folded(written[1], trees, timed=False, outside=outside)
+        write_ranked_folded(written[2], trees, timed=True, outside=outside)
+        write_flamegraph(written[3], ranks_root(trees), timed=True,
+                         title=f"call hierarchy of {args.model} on {args.nproc} ranks")
+        return written
+
+    return 0 if _write(args.out, save) else 2
 
 
 def run_trace(args: argparse.Namespace) -> int:

@@ -7,7 +7,7 @@ shards each block and then the model with ``fully_shard`` and compiles each bloc
 shape torchtitan trains in: see :func:`blocks_of`), compiles and profiles it with :class:`~.api.CallHierarchyProfiler` exactly as one process does, and
 hands back its tree. The parent prints one tree (per scope the median over ranks, then the slowest
 rank and its time, see :func:`.tree.merge_ranks`) and each rank's attribution, and writes the
-scope table, and folded stacks and a flame graph that carry the rank.
+scope table, and folded stacks and a flame graph that carry the rank (see ``cli.run_distributed``).
 """
 
 from __future__ import annotations
@@ -17,13 +17,12 @@ import dataclasses
 import os
 import pickle
 import socket
-import sys
 import tempfile
 from pathlib import Path
 
 import torch
 
-from .tree import Scope, format_tree, merge_ranks
+from .tree import Scope
 
 
 @dataclasses.dataclass
@@ -60,7 +59,8 @@ def _rank(rank: int, nproc: int, port: int, args: argparse.Namespace, out: str) 
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    from . import cli, models
+    from . import models
+    from .profile_model import profile_model
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(nproc))
     cuda = torch.cuda.is_available() and torch.cuda.device_count() >= nproc
@@ -82,66 +82,29 @@ def _rank(rank: int, nproc: int, port: int, args: argparse.Namespace, out: str) 
             model = fully_shard(workload.model, mesh=mesh)  # type: ignore[assignment]
         else:
             model = DistributedDataParallel(workload.model, device_ids=[rank] if cuda else None)
-        profiled = cli.profile_workload(args, workload, model, blocks)
-        if isinstance(profiled, int):
-            raise SystemExit(profiled)
-        result = profiled[0]
+        result = profile_model(args, workload, model, blocks)[0]
         with open(Path(out) / f"rank{rank}.pkl", "wb") as f:
             pickle.dump(RankResult(rank, result.root, result.summary(), result.root.total_count, result.outside), f)
     finally:
         dist.destroy_process_group()
 
 
-def run_ranks(args: argparse.Namespace) -> int:
-    """``--nproc N``: 0, or 2 with a one-line error."""
+def run_ranks(args: argparse.Namespace) -> dict[int, RankResult]:
+    """``--nproc N``: each rank's result, or a ``ProfileError`` that says which rank failed and why."""
     import torch.multiprocessing as mp
 
-    from .api import prepare_out
-    from .cli import OUTSIDE_HEADING, _write
-    from .output import ranks_root, write_flamegraph, write_ranked_folded, write_scope_table
+    from .api import ProfileError
 
     with tempfile.TemporaryDirectory(prefix="call_hierarchy_ranks_") as out:
         try:
             mp.spawn(_rank, args=(args.nproc, _free_port(), args, out), nprocs=args.nproc, join=True)
         except mp.ProcessRaisedException as e:
             last = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
-            print(f"error: --nproc {args.nproc}: a rank failed: {last}", file=sys.stderr)
-            return 2
+            raise ProfileError(f"--nproc {args.nproc}: a rank failed: {last}") from None
         except mp.ProcessExitedException as e:
-            print(f"error: --nproc {args.nproc}: a rank exited with status {e.exit_code}", file=sys.stderr)
-            return 2
+            raise ProfileError(f"--nproc {args.nproc}: a rank exited with status {e.exit_code}") from None
         results = {}
         for rank in range(args.nproc):
             with open(Path(out) / f"rank{rank}.pkl", "rb") as f:
                 results[rank] = pickle.load(f)
-    trees = {rank: r.root for rank, r in results.items()}
-    root = merge_ranks(trees)
-    outside = {rank: r.outside for rank, r in results.items() if r.outside is not None}
-    wrapper = "FSDP2 (fully_shard), each block compiled," if args.fsdp else "DistributedDataParallel"
-    print(f"model {args.model}, backend {args.backend}, train with {wrapper} on {args.nproc} "
-          f"processes ({'NCCL' if torch.cuda.is_available() else 'gloo'})")
-    print("times: torch.profiler self/total time per scope, per iteration; per scope the median over the ranks, "
-          "then the slowest rank and its total")
-    print()
-    print(format_tree(root, timed=True, max_depth=args.depth))
-    print()
-    if outside:
-        print(OUTSIDE_HEADING)
-        print(format_tree(merge_ranks(outside), timed=True))
-        print()
-    for rank, r in sorted(results.items()):
-        print(f"rank {rank}: {r.summary.splitlines()[0]}")
-    print()
-
-    def save() -> list[Path]:
-        out_dir = prepare_out(args.out)
-        written = [out_dir / "scopes.csv", out_dir / "hierarchy.folded", out_dir / "hierarchy_us.folded",
-                   out_dir / "flamegraph.svg"]
-        write_scope_table(written[0], root)
-        write_ranked_folded(written[1], trees, timed=False, outside=outside)
-        write_ranked_folded(written[2], trees, timed=True, outside=outside)
-        write_flamegraph(written[3], ranks_root(trees), timed=True,
-                         title=f"call hierarchy of {args.model} on {args.nproc} ranks")
-        return written
-
-    return 0 if _write(args.out, save) else 2
+    return results
