@@ -1898,7 +1898,8 @@ sys.path.insert(0, sys.argv[1])
 from torch._dynamo.utils import counters
 from test_profile_hierarchy import counts_by_path, profile
 result = profile("nested", train=True)
-print(json.dumps({"share": result.report.share, "hits": counters["aot_autograd"]["autograd_cache_hit"],
+assert result.aot_cache_hits == counters["aot_autograd"]["autograd_cache_hit"], result.aot_cache_hits
+print(json.dumps({"share": result.report.share, "hits": result.aot_cache_hits,
                   "counts": sorted([list(k), v] for k, v in counts_by_path(result.root, True).items())}))
 """
 

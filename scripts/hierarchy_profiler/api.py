@@ -84,6 +84,10 @@ class ProfileResult:
     # what ran outside the compiled regions, apart from the tree of the compiled graphs' kernels:
     # ``(outside compiled graphs)`` with ``communication`` and ``eager ops`` (None: nothing)
     outside: Scope | None = None
+    # AOTAutograd cache hits attributed from the scopes their entries keep, and hits bypassed (their
+    # graphs compiled again) because an entry keeps none or has subgraph functions (see Capture)
+    aot_cache_hits: int = 0
+    bypassed_aot_cache_hits: int = 0
 
     def format_tree(self, max_depth: int | None = None) -> str:
         return format_tree(self.root, timed=True, max_depth=max_depth, unit="kernel")
@@ -378,7 +382,8 @@ class CallHierarchyProfiler:
         }
         return ProfileResult(root, report, doc, iterations, self.capture.num_dynamo_graphs,
                              len(self.capture.graphs), eager, list(self.capture.graphs),
-                             title or "call hierarchy profile", strict, timings, outside)
+                             title or "call hierarchy profile", strict, timings, outside,
+                             self.capture.aot_hits, self.capture.bypassed_aot_hits)
 
 
 class _TraceFiles:
