@@ -210,7 +210,7 @@ def qwen2_train(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
 
 
 def attributed_share(stdout: str) -> float:
-    line = next(line for line in stdout.splitlines() if "attributed" in line)
+    line = next(line for line in stdout.splitlines() if line.startswith("attributed: "))
     return float(line.split("attributed: ")[1].split("%")[0])
 
 

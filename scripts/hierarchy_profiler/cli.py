@@ -139,8 +139,8 @@ def run(args: argparse.Namespace) -> int:
           f"{result.report.graph_calls // iters} compiled-graph call(s) and "
           f"{round(result.root.total_count)} kernel call(s) per iteration")
     if result.aot_cache_hits or result.bypassed_aot_cache_hits:
-        print(f"AOTAutograd cache: {result.aot_cache_hits} hit(s) attributed from the kernel scopes their entries "
-              f"keep, {result.bypassed_aot_cache_hits} compiled again (entries without scopes, or with subgraphs)")
+        print(f"AOTAutograd cache: {result.aot_cache_hits} hit(s), their kernels' scopes read from the entries, "
+              f"{result.bypassed_aot_cache_hits} compiled again (entries without scopes, or with subgraphs)")
     print(f"times: torch.profiler self/total time per scope, mean of {iters} measured iteration(s) "
           f"after {warmup} warm-up")
     for frame in result.eager_frames:
