@@ -59,8 +59,33 @@ def _vit() -> tuple[Any, tuple[Any, ...]]:
     return transformers.ViTModel(config), (torch.randn(1, 3, 16, 16),)
 
 
+def _mixtral() -> tuple[Any, tuple[Any, ...]]:
+    """A sparse mixture of experts: tokens routed to the top 2 of 4 experts."""
+    config = transformers.MixtralConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
+                                        use_cache=False)
+    return transformers.MixtralForCausalLM(config), _ids()
+
+
+def _bart() -> tuple[Any, tuple[Any, ...]]:
+    """An encoder-decoder: the decoder's inputs are the encoder's shifted right, cross-attention."""
+    config = transformers.BartConfig(vocab_size=VOCAB, d_model=32, encoder_layers=1, decoder_layers=1,
+                                     encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=64,
+                                     decoder_ffn_dim=64, max_position_embeddings=32, use_cache=False)
+    return transformers.BartModel(config), _ids()
+
+
+def _deberta_v2() -> tuple[Any, tuple[Any, ...]]:
+    """Disentangled relative-position attention (position-to-content and content-to-position)."""
+    config = transformers.DebertaV2Config(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2,
+                                          num_attention_heads=2, intermediate_size=64, relative_attention=True,
+                                          pos_att_type=["p2c", "c2p"], max_position_embeddings=32)
+    return transformers.DebertaV2Model(config), _ids()
+
+
 FAMILIES: dict[str, Callable[[], tuple[Any, tuple[Any, ...]]]] = {
     "llama": _llama, "qwen3": _qwen3, "gpt2": _gpt2, "bert": _bert, "vit": _vit,
+    "mixtral": _mixtral, "bart": _bart, "deberta_v2": _deberta_v2,
 }
 
 
