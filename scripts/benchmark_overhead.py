@@ -5,6 +5,7 @@ Usage (from a fresh clone, any Python 3.11; it builds its own environments under
     python3 -m scripts.benchmark_overhead --jobs 1 --bytecodes   # RFC.md's run (about 36 min): results/overhead/
     python3 -m scripts.benchmark_overhead            # faster (two valgrind processes at a time), less exact
     python3 -m scripts.benchmark_overhead --quick    # CI: tiny workloads, no valgrind, about 2 min once set up
+    python3 -m scripts.benchmark_overhead --processes 3 --workloads llama_l1,bert_l1   # medians of 3 processes
     python3 -m scripts.benchmark_overhead --workloads qwen2_l1,nested_modules_d1 --out /tmp/o   # a subset
 
 Variants (``--variants``; default ``fixes,disabled,enabled``; ``unpatched,fixes,disabled,enabled`` adds the
@@ -37,7 +38,8 @@ Measurements:
   then exactly once bracketed by ``torch._C._valgrind_toggle()``, cyclic GC off (the first call, plus
   ``backward()`` for training). Every measured process runs the same program up to the variant, so counts
   compare across processes; ``repeat`` = ``disabled`` measured again by another valgrind process (the
-  noise floor). Several measured compiles in one process instead differ by up to 0.3% with their position.
+  noise floor). With ``--processes N`` every build is measured by N valgrind processes, each count is their
+  median, and the table gives the spread of each build's processes beside the ratios. Several measured compiles in one process instead differ by up to 0.3% with their position.
   ``--jobs`` valgrind processes run at a time; importing torch under valgrind (minutes) is paid once per
   variant, not per workload.
 * wall clock: disabled / enabled (/ prototype / no_stack_trace) interleaved in one process, median of the
@@ -904,14 +906,15 @@ def callgrind_parent(tag: str, variant: str, workloads: list[str], all_workloads
 
 
 def measure_instructions(variants: list[str], workloads: list[str], repeat: str, quick: bool, n_jobs: int,
-                         key: str, reuse: bool) -> dict[tuple[str, str, int], int]:
-    """One valgrind process per variant (plus one more of `disabled`, measuring the workloads up to the repeat
-    workload again), --jobs at a time."""
+                         key: str, reuse: bool, processes: int = 1) -> dict[tuple[str, str, int], int]:
+    """`processes` valgrind processes per variant (keys 1..processes), --jobs at a time; with one, one more of
+    `disabled` (key 2) measures the workloads up to the repeat workload again."""
     cg_dir = BENCH_DIR / "callgrind"
     cg_dir.mkdir(parents=True, exist_ok=True)
-    transformers = any(n.startswith("qwen2") for n in workloads)
-    parents = [(v, v, workloads, 1) for v in variants]
-    if repeat != "none":
+    # Every full run's parent imports transformers, whichever workloads it measures (the families need it).
+    transformers = not quick
+    parents = [(v if k == 1 else f"{v}-p{k}", v, workloads, k) for v in variants for k in range(1, processes + 1)]
+    if repeat != "none" and processes == 1:
         # The same children up to the repeated workload: a measured compile's count moves by ~0.1-0.3% with
         # the compiles forked before it (the parent's heap, hence id-hashed dicts and sets, differs).
         parents.append(("disabled-repeat", "disabled", workloads[: workloads.index(repeat) + 1], 2))
@@ -928,6 +931,19 @@ def measure_instructions(variants: list[str], workloads: list[str], repeat: str,
 
 
 # =========================================================================== report
+
+
+def instruction_columns(instr: dict[tuple[str, str, int], int], variant: str, workload: str,
+                        processes: int) -> dict[str, Any]:
+    """The CSV's instruction columns of one build and workload: with several processes, their median and
+    each count; with one, its count and the repeat process's (key 2), if any."""
+    if processes == 1:
+        return {"instructions": instr.get((variant, workload, 1), ""),
+                "instructions_repeat": instr.get((variant, workload, 2), "")}
+    each = [instr[(variant, workload, k)] for k in range(1, processes + 1) if (variant, workload, k) in instr]
+    if not each:
+        return {}
+    return {"instructions": round(statistics.median(each)), "instructions_processes": " ".join(map(str, each))}
 
 
 def git_commit() -> str:
@@ -973,8 +989,9 @@ def median_pair_ratio(a: list[float], b: list[float]) -> float | None:
     return statistics.median(pairs) if pairs else None
 
 
-CSV_FIELDS = ["workload", "family", "variant", "nodes", "instructions", "instructions_repeat", "baseline",
-              "instr_vs_baseline_pct", "instr_delta_per_node", "repeat_pct", "wall_ratio_vs_disabled", "wall_pairs",
+CSV_FIELDS = ["workload", "family", "variant", "nodes", "instructions", "instructions_repeat",
+              "instructions_processes", "spread_pct", "baseline", "instr_vs_baseline_pct", "instr_delta_per_node",
+              "repeat_pct", "wall_ratio_vs_disabled", "wall_pairs",
               "mem_retained_bytes", "mem_delta_bytes_per_node", "mem_share_pct", "mem_attributed_bytes_per_node",
               "mem_nodes", "date", "machine", "torch", "commit", "series_hash", "patches", "fixes", "mode",
               "valgrind"]
@@ -1010,6 +1027,8 @@ def derive(rows: list[dict[str, Any]]) -> None:
         r["instr_delta_per_node"] = f"{(ir - bi) / nodes:.1f}" if p is not None and nodes else ""
         rep = pct(_num(r["instructions_repeat"]), ir)
         r["repeat_pct"] = f"{rep:.4f}" if rep is not None else ""
+        each = [int(x) for x in str(r.get("instructions_processes") or "").split()]
+        r["spread_pct"] = f"{100 * (max(each) - min(each)) / ir:.4f}" if len(each) > 1 and ir else ""
         if r["variant"] == "enabled" and (d := by.get((r["workload"], "disabled"))):
             on, off, n = _num(r["mem_retained_bytes"]), _num(d["mem_retained_bytes"]), _num(r["mem_nodes"])
             if on is not None and off is not None:
@@ -1030,6 +1049,13 @@ def summary(rows: list[dict[str, Any]]) -> list[str]:
     floor = col("disabled", "repeat_pct")
     floor_txt = ("noise floor: the same build in two processes differs by "
                  + ", ".join(f"{v:+.4f}% on {n}" for n, v in floor)) if floor else "noise floor not measured"
+    spreads = [t for v in ("fixes", "disabled", "enabled") for t in col(v, "spread_pct")]
+    if spreads:
+        # Medians of several processes per build: the floor is the widest spread of a build's processes.
+        widest_spread = max(spreads, key=lambda t: t[1])
+        floor = [widest_spread]
+        floor_txt = (f"noise floor: the processes of one build differ by up to {widest_spread[1]:.4f}% "
+                     f"({widest_spread[0]}); the ratios compare medians")
     if off:
         worst = max(off, key=lambda t: t[1])
         widest = max(off, key=lambda t: abs(t[1]))
@@ -1116,6 +1142,9 @@ def render_from_csv(out_dir: Path) -> list[str]:
         ("repeat", lambda n: fmt(val(n, "disabled", "repeat_pct"), "+.4f", "%") if val(n, "disabled", "repeat_pct")
          is not None else ""),
     ]
+    if any(r["spread_pct"] for r in rows):
+        cols.append(("spread fixes / off / on", lambda n: " / ".join(
+            fmt(val(n, v, "spread_pct"), ".4f", "%") for v in ("fixes", "disabled", "enabled"))))
     if "prototype" in present:
         cols.append(("prototype vs off", lambda n: fmt(val(n, "prototype", "instr_vs_baseline_pct"), "+.3f", "%")))
     if "no_stack_trace" in present:
@@ -1151,7 +1180,9 @@ def render_from_csv(out_dir: Path) -> list[str]:
         "",
         "off = the whole series with `record_call_hierarchy = False` (disabled), on = with True (enabled), "
         "fixes = only the flag-free fixes at the bottom of the series. `x vs y` = (Ir x - Ir y) / Ir y, "
-        "instructions of one compile, each measured in a valgrind process of its own; Δ/node = the extra "
+        "instructions of one compile, each measured in a valgrind process of its own (with `--processes N`, "
+        "the median of N processes per build; spread = (max - min) / median of a build's processes, the noise "
+        "floor beside each ratio); Δ/node = the extra "
         "instructions per Dynamo FX node; repeat = the same build measured again in another process (noise "
         "floor); wall = median of interleaved on/off pair ratios (shared machine: a second view only); memory "
         "= bytes retained by the compiled graphs, on minus off, per FX node of those graphs and as a share of "
@@ -1219,6 +1250,11 @@ def orchestrate(args: argparse.Namespace) -> int:
         if need not in variants:
             raise SystemExit(f"--variants must include {need} (the goals compare fixes, disabled and enabled)")
     variants = [v for v in VARIANTS if v in variants]
+    if args.processes < 1:
+        raise SystemExit(f"--processes {args.processes}: must be at least 1")
+    if args.processes > 1 and (quick or args.no_callgrind):
+        raise SystemExit("--processes counts instructions in several valgrind processes: not with --quick or "
+                         "--no-callgrind")
     repeat = args.repeat if args.repeat is not None else ("qwen2_l1" if "qwen2_l1" in measured else measured[0])
     if repeat != "none" and repeat not in measured:
         raise SystemExit(f"--repeat {repeat}: not among the measured workloads ({', '.join(measured)}) or 'none'")
@@ -1242,7 +1278,8 @@ def orchestrate(args: argparse.Namespace) -> int:
     instr: dict[tuple[str, str, int], int] = {}
     if use_valgrind:
         key = json.dumps([info["series_hash"], info["fixes_hash"], git_commit()])
-        instr = measure_instructions(variants, measured, repeat, quick, args.jobs, key, args.reuse_callgrind)
+        instr = measure_instructions(variants, measured, repeat, quick, args.jobs, key, args.reuse_callgrind,
+                                     args.processes)
         print(f"callgrind done at {time.time() - t_start:.0f}s", flush=True)
 
     # --- Python bytecodes per function (opt-in): what each variant runs that the other does not
@@ -1286,8 +1323,7 @@ def orchestrate(args: argparse.Namespace) -> int:
         mem = memory[n]
         for v in variants:
             row: dict[str, Any] = {"workload": n, "family": table[n]["family"], "variant": v, "nodes": nodes[v][n],
-                                   "instructions": instr.get((v, n, 1), ""),
-                                   "instructions_repeat": instr.get((v, n, 2), "")}
+                                   **instruction_columns(instr, v, n, args.processes)}
             if v in wall[n] and v != "disabled":
                 row["wall_ratio_vs_disabled"] = fmt(median_pair_ratio(wall[n][v], wall[n]["disabled"]), ".4f")
             if v in wall[n]:
@@ -1316,6 +1352,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", metavar="WORKLOAD", help="measure `disabled` of this workload in a second valgrind "
                     "process too, for the noise floor (default: qwen2_l1 if measured, else the first; 'none')")
     ap.add_argument("--jobs", type=int, default=2, help="valgrind processes at a time (default 2)")
+    ap.add_argument("--processes", type=int, default=1, metavar="N",
+                    help="valgrind processes per build: the instruction count of each compile is the median of N "
+                         "(the table shows their spread beside each ratio; replaces --repeat)")
     ap.add_argument("--reps", type=int, default=5, help="interleaved wall-clock rounds")
     ap.add_argument("--no-callgrind", action="store_true", help="skip the instruction counts")
     ap.add_argument("--reuse-callgrind", action="store_true",

@@ -88,6 +88,37 @@ def test_goal_not_resolved_above_the_noise_floor() -> None:
     assert "met; flag off does measurably less work than fixes only" in summary_of(rows)
 
 
+def test_processes_give_each_build_the_median_and_the_spread_is_the_floor() -> None:
+    """--processes N: a build's count is the median of its N processes, and the widest spread of a build's
+    processes is the noise floor the off-vs-fixes verdict is held against."""
+    instr = {("fixes", "w", 1): 1_000_000_000, ("fixes", "w", 2): 1_000_900_000, ("fixes", "w", 3): 1_000_100_000,
+             ("disabled", "w", 1): 1_000_200_000, ("disabled", "w", 2): 1_000_100_000,
+             ("disabled", "w", 3): 1_000_300_000}
+    fixes = B.instruction_columns(instr, "fixes", "w", 3)
+    assert fixes == {"instructions": 1_000_100_000, "instructions_processes": "1000000000 1000900000 1000100000"}
+    assert B.instruction_columns(instr, "enabled", "w", 3) == {}
+    # One process: its count and the repeat process's, as before.
+    assert B.instruction_columns(instr, "disabled", "w", 1) == {"instructions": 1_000_200_000,
+                                                                 "instructions_repeat": 1_000_100_000}
+    base = {f: "" for f in B.CSV_FIELDS}
+    rows = [dict(base, workload="w", variant=v, nodes="100", **{k: str(x) for k, x in
+                                                                 B.instruction_columns(instr, v, "w", 3).items()})
+            for v in ("fixes", "disabled")]
+    text = summary_of(rows)
+    by = {r["variant"]: r for r in rows}
+    assert by["fixes"]["spread_pct"] == "0.0900" and by["disabled"]["spread_pct"] == "0.0200"
+    assert by["disabled"]["instr_vs_baseline_pct"] == "0.0100"  # median vs median
+    assert "NOT RESOLVED (noise floor 0.0900% >= the goal)" in text
+    assert "the processes of one build differ by up to 0.0900% (w); the ratios compare medians" in text
+
+
+def test_processes_need_callgrind() -> None:
+    with pytest.raises(SystemExit, match="must be at least 1"):
+        B.main(["--processes", "0"])
+    with pytest.raises(SystemExit, match="not with --quick or --no-callgrind"):
+        B.main(["--quick", "--processes", "3"])
+
+
 def test_derive_compares_with_the_right_baseline() -> None:
     rows = rows_for(off_pct=0.01, on_pct=0.1, mem_on=100_000)
     B.derive(rows)
