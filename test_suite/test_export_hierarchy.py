@@ -174,3 +174,24 @@ def test_non_strict_flag_off_records_nothing_and_exports_the_same_program(export
     assert off.graph_signature == on.graph_signature
     assert not any("call_hierarchy" in n.meta for m in off.graph_module.modules()
                    if isinstance(m, torch.fx.GraphModule) for n in m.graph.nodes)
+
+
+def test_a_module_in_a_global_of_a_python_module_is_named_by_that_module() -> None:
+    """RoBERTa's LM head calls `gelu`, a module held in a global of its Python module: Dynamo reads it through
+    its alias of that module (`__import_transformers_dot_models_...`), and strict export names it by the module,
+    as Python does; non-strict export, whose nn_module_stack has no entry for it, records its `forward` as a
+    function call."""
+    torch.manual_seed(0)
+    config = transformers.RobertaConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                        intermediate_size=64, max_position_embeddings=32)
+    model = transformers.RobertaForMaskedLM(config).eval()
+    labels = {}
+    with torch._dynamo.config.patch(record_call_hierarchy=True):
+        for strict in (True, False):
+            torch._dynamo.reset()
+            ep = torch.export.export(model, _ids(), strict=strict)
+            labels[strict] = {label(n) for n in ops(ep) if label(n).startswith("lm_head (RobertaLMHead) > ")}
+    torch._dynamo.reset()
+    assert "lm_head (RobertaLMHead) > transformers.models.roberta.modeling_roberta.gelu (GELUActivation)" in labels[True]
+    assert not any("__import_" in text for text in labels[True]), labels[True]
+    assert "lm_head (RobertaLMHead) > GELUActivation.forward#0" in labels[False]
