@@ -697,6 +697,56 @@ def test_inductor_sdpa_kernel_attributed_to_attention(qwen2_kernels: str) -> Non
         ) in qwen2_kernels
 
 
+def post_grad_nodes_without_hierarchy(model: nn.Module, args: tuple[Any, ...], dynamic: bool) -> list[list[str]]:
+    """Compile a training step with Inductor and return, per post-grad graph (forward, then backward), its
+    ``call_function`` nodes that carry neither ``call_hierarchy`` nor ``fwd_call_hierarchy``: what the kernels
+    are made of, so what a profile would show without a scope."""
+    from torch._inductor.custom_graph_pass import CustomGraphPass
+
+    missing: list[list[str]] = []
+
+    class Record(CustomGraphPass):
+        def __call__(self, graph: torch.fx.Graph) -> None:
+            missing.append([f"{n.name} {target(n)}" for n in graph.nodes if n.op == "call_function"
+                            and "call_hierarchy" not in n.meta and "fwd_call_hierarchy" not in n.meta])
+
+        def uuid(self) -> Any:
+            return "record-post-grad-nodes-without-hierarchy"
+
+    torch._dynamo.reset()
+    with (torch._dynamo.config.patch(record_call_hierarchy=True), inductor_config(),
+          torch._inductor.config.patch(post_grad_custom_post_pass=Record())):
+        torch.compile(model.train(), dynamic=dynamic)(*args).sum().backward()
+    torch._dynamo.reset()
+    return missing
+
+
+def test_inductor_post_grad_nodes_of_a_dynamic_shape_training_step_all_carry_a_hierarchy() -> None:
+    # With dynamic shapes each RMSNorm's float eps is a graph input, and the ops using it are rewritten by
+    # AOTAutograd's tensorify_python_scalars (0021).
+    workload = qwen2()
+    model = workload.model
+
+    class Logits(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = model
+
+        def forward(self, *args: Any) -> Any:
+            return self.inner(*args).logits
+
+    missing = post_grad_nodes_without_hierarchy(Logits(), workload.args, dynamic=True)
+    assert len(missing) == 2 and missing == [[], []], missing
+
+
+def test_inductor_post_grad_nodes_of_a_batchnorm_training_step_all_carry_a_hierarchy() -> None:
+    # BatchNorm's running statistics are written back with copy_ nodes traced after the function (0022).
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU())
+    missing = post_grad_nodes_without_hierarchy(model, (torch.randn(2, 3, 8, 8),), dynamic=False)
+    assert len(missing) == 2 and missing == [[], []], missing
+
+
 # --------------------------------------------------------------------------- 5. persistence
 
 
