@@ -236,6 +236,8 @@ class Recorder:
         self.codes: list[types.CodeType] = []  # codes Dynamo converted, in order, no duplicates
         self.graphs = 0
         self.seq_numbers: dict[int, int] = {}
+        # As Inductor compiles: input mutations stay in the graph, as copy_ nodes.
+        self.keep_input_mutations = False
 
     def add(self, name: str, text: str) -> None:
         assert name not in self.artifacts, name
@@ -263,7 +265,8 @@ class Recorder:
 
         return aot_autograd(fw_compiler=compiler("forward"), bw_compiler=compiler("backward"),
                             inference_compiler=compiler("inference"),
-                            partition_fn=min_cut_rematerialization_partition)(gm, example_inputs)
+                            partition_fn=min_cut_rematerialization_partition,
+                            keep_inference_input_mutations=self.keep_input_mutations)(gm, example_inputs)
 
     def seq(self, value: int) -> str:
         """seq_nr is a process-global autograd counter: renumber it by first appearance within the
@@ -436,6 +439,22 @@ class Router(nn.Module):
         return weights
 
 
+class NormModel(nn.Module):
+    """BatchNorm, whose running statistics a graph that keeps input mutations writes back with copy_
+    (patch 0022), and a float eps that dynamic shapes make a graph input, whose uses
+    tensorify_python_scalars rewrites (patch 0021)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.bn = nn.BatchNorm1d(8)
+        self.eps = 1e-5
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.bn(self.lin(x))
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+
+
 class CondModel(nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -557,6 +576,12 @@ def inplace_router(rec: Recorder) -> None:
     train(rec, Router())
 
 
+def norm_dynamic_input_mutations(rec: Recorder) -> None:
+    torch.manual_seed(0)
+    rec.keep_input_mutations = True
+    torch.compile(NormModel(), backend=rec.backend, dynamic=True)(inputs(4, 8, requires_grad=True)).sum().backward()
+
+
 def hop_cond(rec: Recorder) -> None:
     torch.manual_seed(0)
     with torch.no_grad():
@@ -592,6 +617,7 @@ CORPUS: dict[str, Callable[[Recorder], None]] = {
     "polymorphic_call_site_nested": polymorphic_call_site_nested,
     "custom_autograd_function": custom_autograd_function,
     "inplace_router": inplace_router,
+    "norm_dynamic_input_mutations": norm_dynamic_input_mutations,
     "hop_cond": hop_cond,
     "hop_training": hop_training,
     "hop_checkpoint": hop_checkpoint,
