@@ -83,9 +83,39 @@ def _deberta_v2() -> tuple[Any, tuple[Any, ...]]:
     return transformers.DebertaV2Model(config), _ids()
 
 
+def _t5_encoder() -> tuple[Any, tuple[Any, ...]]:
+    """Relative position buckets computed in the first layer's attention and shared by the others."""
+    config = transformers.T5Config(vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
+                                   use_cache=False)
+    return transformers.T5EncoderModel(config), _ids()
+
+
+def _falcon() -> tuple[Any, tuple[Any, ...]]:
+    """Attention and MLP in parallel from one layer norm, a fused query-key-value projection."""
+    config = transformers.FalconConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                       use_cache=False)
+    return transformers.FalconForCausalLM(config), _ids()
+
+
+def _swin() -> tuple[Any, tuple[Any, ...]]:
+    """Shifted-window attention: windows partitioned, rolled and merged back by helper functions."""
+    config = transformers.SwinConfig(image_size=32, patch_size=8, embed_dim=16, depths=[1, 1], num_heads=[2, 4],
+                                     window_size=2)
+    return transformers.SwinModel(config), (torch.randn(1, 3, 32, 32),)
+
+
+def _segformer() -> tuple[Any, tuple[Any, ...]]:
+    """Overlapping convolutional patch embeddings, attention over spatially reduced keys and values."""
+    config = transformers.SegformerConfig(num_encoder_blocks=2, depths=[1, 1], sr_ratios=[2, 1], hidden_sizes=[16, 32],
+                                          num_attention_heads=[1, 2], patch_sizes=[7, 3], strides=[4, 2],
+                                          mlp_ratios=[2, 2], decoder_hidden_size=32)
+    return transformers.SegformerModel(config), (torch.randn(1, 3, 32, 32),)
+
+
 FAMILIES: dict[str, Callable[[], tuple[Any, tuple[Any, ...]]]] = {
     "llama": _llama, "qwen3": _qwen3, "gpt2": _gpt2, "bert": _bert, "vit": _vit,
     "mixtral": _mixtral, "bart": _bart, "deberta_v2": _deberta_v2,
+    "t5_encoder": _t5_encoder, "falcon": _falcon, "swin": _swin, "segformer": _segformer,
 }
 
 
