@@ -8,6 +8,8 @@ Needs the patched torch (``.venv``). For each family, the model is exported stri
   ``nn_module_stack`` have the same ``call_hierarchy``, unless strict export's says its scope is not known;
 - ``torch.export.save``/``load`` of the non-strict program keeps every hierarchy;
 - with the flag off, non-strict export records nothing and exports the same program.
+- with a dynamic dimension (six of the families), every op has a ``call_hierarchy``: the nodes export makes
+  from the inputs alone, which have no module stack, say that their scope below the root is not known.
 """
 
 from __future__ import annotations
@@ -119,6 +121,10 @@ FAMILIES: dict[str, Callable[[], tuple[Any, tuple[Any, ...]]]] = {
 }
 
 
+# The nn_module_stack export's metadata hook gives a node none of whose arguments has one.
+EMPTY_NN_MODULE_STACK = "_empty_nn_module_stack_from_metadata_hook"
+
+
 def module_chain(node: torch.fx.Node) -> list[str]:
     """The module paths of an exported node's nn_module_stack, without the root ("")."""
     return [path for path, _ in node.meta["nn_module_stack"].values() if path]
@@ -204,6 +210,39 @@ def test_non_strict_flag_off_records_nothing_and_exports_the_same_program(export
     assert off.graph_signature == on.graph_signature
     assert not any("call_hierarchy" in n.meta for m in off.graph_module.modules()
                    if isinstance(m, torch.fx.GraphModule) for n in m.graph.nodes)
+
+
+def _dynamic(args: tuple[Any, ...]) -> tuple[tuple[Any, ...], tuple[dict[int, Any], ...]]:
+    """The arguments, each with a dynamic dimension: the token ids' sequence, the images' batch (of 2: export
+    specializes a dimension of size 1)."""
+    if args[0].dtype == torch.long:
+        return args, ({1: torch.export.Dim.AUTO},)
+    return (torch.cat([args[0]] * 2),), ({0: torch.export.Dim.AUTO},)
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2", "bert", "deberta_v2", "bart", "vit"])
+@pytest.mark.parametrize("mode", ["strict", "non_strict"])
+def test_dynamic_shapes_every_op_has_a_call_hierarchy(family: str, mode: str) -> None:
+    """With a dynamic dimension, export also makes nodes from the inputs alone (their sizes), to which its metadata
+    hook gives an empty module stack: they say their scope below the root is not known; every other node's
+    module entries are its nn_module_stack."""
+    torch.manual_seed(0)
+    model, args = FAMILIES[family]()
+    args, shapes = _dynamic(args)
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(record_call_hierarchy=True):
+        ep = torch.export.export(model.eval(), args, dynamic_shapes=shapes, strict=mode == "strict")
+    made_for_inputs = 0
+    for node in ep.graph.nodes:
+        if node.op != "call_function":
+            continue
+        assert "call_hierarchy" in node.meta, node.format_node()
+        if EMPTY_NN_MODULE_STACK in node.meta["nn_module_stack"]:
+            assert node.meta["call_hierarchy"] == (call_hierarchy.UnknownFramesEntry(),), node.format_node()
+            made_for_inputs += 1
+        else:
+            assert hierarchy_chain(node) == module_chain(node), node.format_node()
+    assert made_for_inputs > 0
 
 
 def test_a_module_in_a_global_of_a_python_module_is_named_by_that_module() -> None:
