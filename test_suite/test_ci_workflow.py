@@ -75,8 +75,8 @@ def test_ci_run_calls_the_readme_command_only() -> None:
 
 
 def test_run_tests_fails_when_a_part_fails(tmp_path: Path) -> None:
-    """ci/run_tests.sh must propagate a failure of any part: setup, pytest, the upstream tests (file by
-    file or under pytest), the prefix check, the peer suite (but not its skip: no stored test files), the lint or the docs check; it runs everything on Python 3.11 only (.venv: no
+    """ci/run_tests.sh must propagate a failure of any part: setup, pytest, the upstream tests (under pytest:
+    the workflow's matrix also runs them file by file), the prefix check, the peer suite (but not its skip: no stored test files), the lint or the docs check; it runs everything on Python 3.11 only (.venv: no
     `--python`, so no 3.10 leg)."""
     fake = tmp_path / "repo"
     (fake / "ci").mkdir(parents=True)
@@ -84,11 +84,11 @@ def test_run_tests_fails_when_a_part_fails(tmp_path: Path) -> None:
     shutil.copy(S.REPO_ROOT / "ci" / "run_tests.sh", fake / "ci" / "run_tests.sh")
     (fake / ".venv" / "bin").mkdir(parents=True)
     log = tmp_path / "series-calls"
-    names = ("setup", "pytest", "upstream-tests", "upstream-tests --pytest", "check-prefixes --quick",
-             "peer-tests --jobs 2", "lint", "docs")
+    names = ("setup", "pytest", "upstream-tests --pytest", "check-prefixes --quick",
+             "peer-tests --configs pristine,on --jobs 2", "lint", "docs")
     cases = [((0,) * len(names), 0)] + [(tuple(int(i == j) for j in range(len(names))), 1) for i in range(len(names))]
     # peer-tests exits 3 where no stored upstream test files exist: skipped, said loudly, not a failure
-    cases.append((tuple(3 * (n == "peer-tests --jobs 2") for n in names), 0))
+    cases.append((tuple(3 * (n == "peer-tests --configs pristine,on --jobs 2") for n in names), 0))
     for rcs, expected in cases:
         rc = dict(zip(names, rcs))
         (fake / ".venv" / "bin" / "python").write_text(f"#!/bin/sh\nexit {rc['pytest']}\n")
@@ -110,10 +110,10 @@ def test_run_tests_fails_when_a_part_fails(tmp_path: Path) -> None:
         # a failed setup stops the run; otherwise every part runs, on .venv's Python 3.11 only: setup first, the
         # peer suite in the background beside the others (its call may be logged anywhere after setup)
         assert calls[:1] == [["setup"]], (rc, calls)
-        expected_calls = [] if rc["setup"] else [["upstream-tests"], ["upstream-tests", "--pytest"],
-                                                 ["check-prefixes", "--quick"], ["peer-tests", "--jobs", "2"]]
+        expected_calls = [] if rc["setup"] else [["upstream-tests", "--pytest"], ["check-prefixes", "--quick"],
+                                                 ["peer-tests", "--configs", "pristine,on", "--jobs", "2"]]
         assert sorted(calls[1:]) == sorted(expected_calls), (rc, calls)
-        assert (b"PEER SUITE SKIPPED" in proc.stdout) == (rc["peer-tests --jobs 2"] == 3)
+        assert (b"PEER SUITE SKIPPED" in proc.stdout) == (rc["peer-tests --configs pristine,on --jobs 2"] == 3)
         # the stage table: every stage that ran, with its exit status
         table = proc.stdout.decode().split("===== stages", 1)[1]
         assert ("peer suite (background)" in table) == (not rc["setup"]), table
