@@ -1289,3 +1289,58 @@ def test_golden(scenario: str, config: str) -> None:
 def test_golden_files_are_the_scenarios() -> None:
     expected = {f"{s}.{c}.txt" for s in GOLDEN_SCENARIOS for c in CONFIGS}
     assert {p.name for p in GOLDEN_DIR.glob("*.txt")} == expected
+
+
+# --------------------------------------------------------------------------------------------
+# A module held on the stack at a break: `self.down(breaking(self.gate(x)))`
+# --------------------------------------------------------------------------------------------
+
+def _breaking(x):
+    torch._dynamo.graph_break()
+    return x.cos()
+
+
+class StackSlotMLP(nn.Module):
+    """``self.down`` is loaded before its argument is computed, so at a break in that argument
+    (a graph break, a ``torch._dynamo.disable``d call) it is a value on the stack, which the
+    resume function receives as its local ``___stack0``."""
+
+    def __init__(self, eager: bool) -> None:
+        super().__init__()
+        self.gate = nn.Linear(4, 4)
+        self.down = nn.Linear(4, 4)
+        self.eager = eager
+
+    @torch._dynamo.disable
+    def eager_part(self, x):
+        return x.sin()
+
+    def forward(self, x):
+        return self.down((self.eager_part if self.eager else _breaking)(self.gate(x)))
+
+
+@pytest.mark.parametrize("config", list(CONFIGS))
+@pytest.mark.parametrize("eager", [False, True], ids=["graph_break", "disable"])
+def test_module_on_the_stack_at_a_break_is_named_by_the_resume_local(config: str, eager: bool) -> None:
+    # One resume function serves every path that reaches the break (ContinueExecutionCache), and
+    # its graph serves every module instance of the slot's type: which of the root's modules the
+    # slot holds is not known statically. The module entry is named by the resume function's
+    # local, as nn_module_stack names it (L['___stack0']), never by one caller's path; RFC.md,
+    # "Graph breaks". Fullgraph names it `down`.
+    rec = Recorder()
+    torch._dynamo.reset()
+    try:
+        with torch._dynamo.config.patch(record_call_hierarchy=True, nested_graph_breaks=CONFIGS[config]):
+            torch.compile(StackSlotMLP(eager), backend=rec)(torch.randn(2, 4))
+    finally:
+        torch._dynamo.reset()
+    linears = {}
+    for g in rec.graphs:
+        for node in g.gm.graph.nodes:
+            if node.op == "call_function" and node.target is torch._C._nn.linear:
+                (entry,) = (e for e in node.meta["call_hierarchy"] if e["type"] == "module")
+                (name, _), *_ = reversed(node.meta["nn_module_stack"].values())
+                linears[entry["path"]] = (entry["attr"], entry["class"], name)
+    assert set(linears) == {"gate", "___stack0"}, linears
+    assert linears["gate"] == ("gate", "Linear", "L['self'].gate")
+    assert linears["___stack0"] == ("___stack0", "Linear", "L['___stack0']")
