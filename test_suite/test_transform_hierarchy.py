@@ -697,10 +697,11 @@ def test_inductor_sdpa_kernel_attributed_to_attention(qwen2_kernels: str) -> Non
         ) in qwen2_kernels
 
 
-def post_grad_nodes_without_hierarchy(model: nn.Module, args: tuple[Any, ...], dynamic: bool) -> list[list[str]]:
-    """Compile a training step with Inductor and return, per post-grad graph (forward, then backward), its
-    ``call_function`` nodes that carry neither ``call_hierarchy`` nor ``fwd_call_hierarchy``: what the kernels
-    are made of, so what a profile would show without a scope."""
+def post_grad_nodes_without_hierarchy(model: nn.Module, args: tuple[Any, ...], dynamic: bool,
+                                      frozen: bool = False) -> list[list[str]]:
+    """Compile a training step with Inductor (``frozen``: an inference step with ``freezing``) and return, per
+    post-grad graph (forward, then backward), its ``call_function`` nodes that carry neither ``call_hierarchy``
+    nor ``fwd_call_hierarchy``: what the kernels are made of, so what a profile would show without a scope."""
     from torch._inductor.custom_graph_pass import CustomGraphPass
 
     missing: list[list[str]] = []
@@ -715,8 +716,12 @@ def post_grad_nodes_without_hierarchy(model: nn.Module, args: tuple[Any, ...], d
 
     torch._dynamo.reset()
     with (torch._dynamo.config.patch(record_call_hierarchy=True), inductor_config(),
-          torch._inductor.config.patch(post_grad_custom_post_pass=Record())):
-        torch.compile(model.train(), dynamic=dynamic)(*args).sum().backward()
+          torch._inductor.config.patch(post_grad_custom_post_pass=Record(), freezing=frozen)):
+        if frozen:
+            with torch.no_grad():
+                torch.compile(model.eval(), dynamic=dynamic)(*args)
+        else:
+            torch.compile(model.train(), dynamic=dynamic)(*args).sum().backward()
     torch._dynamo.reset()
     return missing
 
@@ -745,6 +750,25 @@ def test_inductor_post_grad_nodes_of_a_batchnorm_training_step_all_carry_a_hiera
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU())
     missing = post_grad_nodes_without_hierarchy(model, (torch.randn(2, 3, 8, 8),), dynamic=False)
     assert len(missing) == 2 and missing == [[], []], missing
+
+
+def test_inductor_post_grad_nodes_of_a_frozen_inference_graph_all_carry_a_hierarchy() -> None:
+    # Freezing (inference) adds layout nodes to a graph with convolutions: inductor_force_stride_order on each
+    # output, on the input of each as_strided (0023).
+    torch.manual_seed(0)
+
+    class Restrided(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = nn.Conv2d(3, 4, 3)
+            self.lin = nn.Linear(6, 6)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = torch.relu(self.conv(x))
+            return self.lin(torch.as_strided(y, (4, 6), (36, 1)) * 2), self.conv(x)
+
+    missing = post_grad_nodes_without_hierarchy(Restrided(), (torch.randn(1, 3, 8, 8),), dynamic=False, frozen=True)
+    assert len(missing) == 1 and missing == [[]], missing
 
 
 # --------------------------------------------------------------------------- 5. persistence
