@@ -1133,6 +1133,31 @@ def test_export_refuses_personal_data_or_a_placeholder_identity(series_layout: S
     assert snapshot(series_layout) == before
 
 
+def test_export_refuses_git_comment_lines_in_a_message(series_layout: S.Layout) -> None:
+    """A conflict resolved with `git commit --no-edit` keeps git's `# Conflicts:` note in the message; the
+    export refuses it (nothing written) and takes the message once it is stripped."""
+    ws = series_layout.workspace
+    before = snapshot(series_layout)
+    edit(ws / "torch/fx/node.py", "node_30 = 30\n", "node_30 = 31\n")
+    git(ws, "commit", "-qam", "[fx] renumber\n\nFor issue 9, #12 in the tracker.\n\n# Conflicts:\n#\ttorch/fx/node.py")
+    with pytest.raises(S.SeriesError, match=r"(?s)refusing to export: .*git's comment lines.*0004-fx-renumber.patch: "
+                                            r"a git comment line on line \d+ \('# Conflicts:'\).*"
+                                            r"0004-fx-renumber.patch: a git comment line .*'#\\ttorch/fx/node.py'.*"
+                                            r"Nothing was changed") as err:
+        S.export(series_layout)
+    assert "#12" not in str(err.value) and snapshot(series_layout) == before
+    git(ws, "commit", "-q", "--amend", "--no-edit", "--cleanup=strip")
+    S.export(series_layout)
+    data = (series_layout.patches / "0004-fx-renumber.patch").read_bytes()
+    assert S.message_problems(data) == [] and b"#12 in the tracker" in data
+
+
+def test_committed_patches_carry_no_git_comment_lines() -> None:
+    pdir = S.REPO_ROOT / "patches"
+    assert {name: S.message_problems((pdir / name).read_bytes()) for name in S.series_names(pdir)
+            if S.message_problems((pdir / name).read_bytes())} == {}
+
+
 def test_identity_problems_and_strip_identity() -> None:
     old = (b"From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001\n"
            b"From: Seed 5ce6a553 maintainers\n <maintainers@users.noreply.a-seed-5ce6a553.example>\n"

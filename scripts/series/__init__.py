@@ -40,8 +40,8 @@ from .install import (
 )
 from .patches import (
     INTEGRITY, FileChange, Patch, describe_patches, final_paths, identity_problems, integrity_text, load_series,
-    parse_patch, post_images, prefix_length, series_hash, series_names, strip_identity, verify_integrity,
-    verify_postimages, with_author, write_integrity,
+    message_problems, parse_patch, post_images, prefix_length, series_hash, series_names, strip_identity,
+    verify_integrity, verify_postimages, with_author, write_integrity,
 )
 from .radar import offset_files, radar
 from .upstream import extract_tests, run_upstream_tests, upstream_test_env, upstream_test_files

@@ -202,6 +202,21 @@ def identity_problems(data: bytes) -> list[str]:
     return list(dict.fromkeys(problems))
 
 
+# The comment lines git writes into a message it does not open in an editor: `git commit --no-edit` after a
+# conflicted `git rebase` step keeps "# Conflicts:" and the conflicted paths, each starting with "#" and a blank.
+GIT_COMMENT_RE = re.compile(r"^#(?:[ \t].*)?$", re.M)
+
+
+def message_problems(data: bytes) -> list[str]:
+    """Git comment lines in a patch's commit message (the text between the header and the diff), each as
+    its line number in the file and its text. Empty: the message is only what its author wrote."""
+    header, message, _ = split_mail(data)
+    start = header.count(b"\n")
+    text = message.decode("utf-8", "surrogateescape")
+    return [f"a git comment line on line {start + text.count(chr(10), 0, m.start()) + 1} ({m.group(0)[:60]!r})"
+            for m in GIT_COMMENT_RE.finditer(text)]
+
+
 def series_names(patches_dir: Path) -> list[str]:
     order = patches_dir / ".patches"
     if not order.is_file():

@@ -14,7 +14,8 @@ from .git import (
     isolated_env, operation_in_progress,
 )
 from .patches import (
-    INTEGRITY, identity_problems, load_series, series_names, strip_identity, verify_postimages, write_integrity,
+    INTEGRITY, identity_problems, load_series, message_problems, series_names, strip_identity, verify_postimages,
+    write_integrity,
 )
 
 FORMAT_PATCH_FLAGS = [
@@ -128,6 +129,13 @@ def export(layout: Layout) -> list[str]:
                               "one (`apply` makes each commit its applier's): take the address or name out of the "
                               f"commit message or the code in {ws} (`git rebase -i base`, reword or edit), then "
                               "export again.")
+        commented = [f"{p.name}: {problem}" for p in fresh for problem in message_problems(p.read_bytes())]
+        if commented:
+            raise SeriesError("refusing to export: a commit message carries git's comment lines (a conflict "
+                              "resolved with `git commit --no-edit` keeps `# Conflicts:`):\n  - "
+                              + "\n  - ".join(commented) + "\nNothing was changed. Strip them in " + str(ws)
+                              + " (`git rebase base --exec 'git commit -q --amend --no-edit --cleanup=strip'`), "
+                              "then export again.")
         changed = 0
         for p in fresh:
             target = pdir / p.name
