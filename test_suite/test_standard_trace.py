@@ -339,7 +339,7 @@ def test_handler_output_is_upstreams_where_no_kernel_has_a_call_hierarchy(tmp_pa
     assert patched._add_kernel_call_hierarchies(copy.deepcopy(trace)) == trace
 
     # flag on: a live graph of the region, named by its graph call's range, adds the keys
-    # to its Triton kernel and its host mm, and nothing else
+    # to its Triton kernel, its host mm and the device kernel that mm launched, and nothing else
     class Graph:
         _fx_graph_cache_key = "fkey"
         _kernel_call_hierarchies = {
@@ -356,7 +356,7 @@ def test_handler_output_is_upstreams_where_no_kernel_has_a_call_hierarchy(tmp_pa
     on = patched._add_kernel_call_hierarchies(copy.deepcopy(called))
     assert without_call_hierarchy(on) == called
     annotated = {e["name"] for e in on["traceEvents"] if "call_hierarchy" in e.get("args", {})}
-    assert annotated == {"triton_poi_fused_add_0", "aten::mm"}
+    assert annotated == {"triton_poi_fused_add_0", "aten::mm", "sm90_gemm"}
     del graph  # the graph's hierarchies go with it
     assert patched._add_kernel_call_hierarchies(copy.deepcopy(called)) == called
 
