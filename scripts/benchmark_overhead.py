@@ -833,13 +833,14 @@ def no_aslr_prefix() -> list[str]:
     return cmd if ok else []
 
 
-def spawn(variant: str, job: dict[str, Any], valgrind: Path | None = None, venv: Path | None = None) -> dict[str, Any]:
+def spawn(variant: str, job: dict[str, Any], valgrind: Path | None = None, venv: Path | None = None,
+          hash_seed: int = 0) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         job = dict(job, result=os.path.join(tmp, "result.json"))
         cmd = [str(venv_python(venv or venv_of(variant))), "-m", "scripts.benchmark_overhead", "--worker",
                json.dumps(job)]
         # No on-disk compile caches: a cache written by an earlier process would change what a later one runs.
-        env = dict(os.environ, PYTHONHASHSEED="0", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
+        env = dict(os.environ, PYTHONHASHSEED=str(hash_seed), OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
                    TRANSFORMERS_NO_ADVISORY_WARNINGS="1", HF_HUB_OFFLINE="1", TORCHINDUCTOR_FX_GRAPH_CACHE="0",
                    TORCHINDUCTOR_AUTOGRAD_CACHE="0")
         if valgrind is not None:
@@ -869,10 +870,12 @@ def callgrind_total(path: Path) -> int | None:
 
 
 def callgrind_parent(tag: str, variant: str, workloads: list[str], all_workloads: list[str], quick: bool,
-                     transformers: bool, cg_dir: Path, key: str, reuse: bool, n_jobs: int) -> dict[str, int]:
+                     transformers: bool, cg_dir: Path, key: str, reuse: bool, n_jobs: int,
+                     hash_seed: int = 0) -> dict[str, int]:
     """Instructions of one compile of each workload in `variant`: one valgrind process imports torch once
     and forks one child per workload, which is measured alone (see worker_callgrind)."""
     record = cg_dir / f"{tag}.json"
+    key = json.dumps([key, hash_seed])
     if reuse and record.exists():
         done = json.loads(record.read_text())
         if done.get("key") == key and set(workloads) <= set(done["instructions"]):
@@ -890,9 +893,9 @@ def callgrind_parent(tag: str, variant: str, workloads: list[str], all_workloads
            "transformers": transformers}
     if n_jobs == 1:  # one variant at a time: all through the same path
         with measured_venv(variant) as venv:
-            result = spawn(variant, job, valgrind=base, venv=venv)
+            result = spawn(variant, job, valgrind=base, venv=venv, hash_seed=hash_seed)
     else:
-        result = spawn(variant, job, valgrind=base)
+        result = spawn(variant, job, valgrind=base, hash_seed=hash_seed)
     counts = {}
     for child in result["children"]:
         n = callgrind_total(Path(f"{base}.{child['pid']}"))
@@ -906,9 +909,11 @@ def callgrind_parent(tag: str, variant: str, workloads: list[str], all_workloads
 
 
 def measure_instructions(variants: list[str], workloads: list[str], repeat: str, quick: bool, n_jobs: int,
-                         key: str, reuse: bool, processes: int = 1) -> dict[tuple[str, str, int], int]:
+                         key: str, reuse: bool, processes: int = 1,
+                         hash_seeds: bool = False) -> dict[tuple[str, str, int], int]:
     """`processes` valgrind processes per variant (keys 1..processes), --jobs at a time; with one, one more of
-    `disabled` (key 2) measures the workloads up to the repeat workload again."""
+    `disabled` (key 2) measures the workloads up to the repeat workload again. With `hash_seeds`, process k
+    of every build runs with PYTHONHASHSEED=k-1 (see --hash-seeds)."""
     cg_dir = BENCH_DIR / "callgrind"
     cg_dir.mkdir(parents=True, exist_ok=True)
     # Every full run's parent imports transformers, whichever workloads it measures (the families need it).
@@ -921,7 +926,7 @@ def measure_instructions(variants: list[str], workloads: list[str], repeat: str,
     counts: dict[tuple[str, str, int], int] = {}
     with concurrent.futures.ThreadPoolExecutor(max_workers=n_jobs) as pool:
         futs = {pool.submit(callgrind_parent, tag, v, ws, workloads, quick, transformers, cg_dir, key, reuse,
-                            n_jobs): (v, r)
+                            n_jobs, r - 1 if hash_seeds else 0): (v, r)
                 for tag, v, ws, r in parents}
         for fut in concurrent.futures.as_completed(futs):
             v, r = futs[fut]
@@ -991,6 +996,7 @@ def median_pair_ratio(a: list[float], b: list[float]) -> float | None:
 
 CSV_FIELDS = ["workload", "family", "variant", "nodes", "instructions", "instructions_repeat",
               "instructions_processes", "spread_pct", "baseline", "instr_vs_baseline_pct", "instr_delta_per_node",
+              "instr_vs_baseline_processes_pct",
               "repeat_pct", "wall_ratio_vs_disabled", "wall_pairs",
               "mem_retained_bytes", "mem_delta_bytes_per_node", "mem_share_pct", "mem_attributed_bytes_per_node",
               "mem_nodes", "date", "machine", "torch", "commit", "series_hash", "patches", "fixes", "mode",
@@ -1029,6 +1035,10 @@ def derive(rows: list[dict[str, Any]]) -> None:
         r["repeat_pct"] = f"{rep:.4f}" if rep is not None else ""
         each = [int(x) for x in str(r.get("instructions_processes") or "").split()]
         r["spread_pct"] = f"{100 * (max(each) - min(each)) / ir:.4f}" if len(each) > 1 and ir else ""
+        # Process k of a build against process k of its baseline: with --hash-seeds, the same seed.
+        base_each = [int(x) for x in str(b.get("instructions_processes") or "").split()] if b else []
+        r["instr_vs_baseline_processes_pct"] = " ".join(
+            f"{pct(x, y):+.4f}" for x, y in zip(each, base_each)) if len(each) > 1 and len(base_each) == len(each) else ""
         if r["variant"] == "enabled" and (d := by.get((r["workload"], "disabled"))):
             on, off, n = _num(r["mem_retained_bytes"]), _num(d["mem_retained_bytes"]), _num(r["mem_nodes"])
             if on is not None and off is not None:
@@ -1145,6 +1155,9 @@ def render_from_csv(out_dir: Path) -> list[str]:
     if any(r["spread_pct"] for r in rows):
         cols.append(("spread fixes / off / on", lambda n: " / ".join(
             fmt(val(n, v, "spread_pct"), ".4f", "%") for v in ("fixes", "disabled", "enabled"))))
+        cols.append(("on vs off by process", lambda n: ", ".join(
+            f"{x}%" for x in str(by[(n, "enabled")].get("instr_vs_baseline_processes_pct") or "").split())
+            if (n, "enabled") in by else ""))
     if "prototype" in present:
         cols.append(("prototype vs off", lambda n: fmt(val(n, "prototype", "instr_vs_baseline_pct"), "+.3f", "%")))
     if "no_stack_trace" in present:
@@ -1213,7 +1226,9 @@ def render_from_csv(out_dir: Path) -> list[str]:
         "processes compare (each gets a job of the same length, no on-disk compile cache is used, and address "
         "randomization is off where `setarch -R` is allowed: with a job of another length the same build "
         "differed by 0.85%, with randomization by 0.05%); `repeat` is `disabled` "
-        "measured again by a second valgrind process. Several "
+        "measured again by a second valgrind process. With `--hash-seeds`, process k of every build runs with "
+        "`PYTHONHASHSEED=k-1` instead: string hashes order dicts and sets, and so what is allocated where; "
+        "`on vs off by process` pairs the processes of one seed. Several "
         "measured compiles in one process instead differ by up to 0.3% with their position, which cannot "
         "resolve a 0.05% goal.",
         "- Wall clock: the flag-on and flag-off compiles interleaved in one process, median over rounds of the "
@@ -1252,6 +1267,9 @@ def orchestrate(args: argparse.Namespace) -> int:
     variants = [v for v in VARIANTS if v in variants]
     if args.processes < 1:
         raise SystemExit(f"--processes {args.processes}: must be at least 1")
+    if args.hash_seeds and args.processes < 2:
+        raise SystemExit("--hash-seeds gives each of several valgrind processes a seed of its own: use it with "
+                         "--processes N, N >= 2")
     if args.processes > 1 and (quick or args.no_callgrind):
         raise SystemExit("--processes counts instructions in several valgrind processes: not with --quick or "
                          "--no-callgrind")
@@ -1279,7 +1297,7 @@ def orchestrate(args: argparse.Namespace) -> int:
     if use_valgrind:
         key = json.dumps([info["series_hash"], info["fixes_hash"], git_commit()])
         instr = measure_instructions(variants, measured, repeat, quick, args.jobs, key, args.reuse_callgrind,
-                                     args.processes)
+                                     args.processes, args.hash_seeds)
         print(f"callgrind done at {time.time() - t_start:.0f}s", flush=True)
 
     # --- Python bytecodes per function (opt-in): what each variant runs that the other does not
@@ -1313,7 +1331,9 @@ def orchestrate(args: argparse.Namespace) -> int:
         "fixes": " ".join(info["fixes"]),
         "mode": "quick" if quick else "full",
         "valgrind": (subprocess.run(["valgrind", "--version"], capture_output=True, text=True).stdout.strip()
-                     + ", `--collect-atstart=no`, one measured compile per process, `PYTHONHASHSEED=0`, "
+                     + ", `--collect-atstart=no`, one measured compile per process, "
+                     + (f"`PYTHONHASHSEED=k-1` in process k of each build (k = 1..{args.processes}), "
+                        if args.hash_seeds else "`PYTHONHASHSEED=0`, ")
                      + ("address randomization off (`setarch -R`)" if no_aslr_prefix() else
                         "address randomization ON (setarch -R not allowed here: expect a ~0.05% floor)"))
         if use_valgrind else "not measured (no valgrind in this mode)",
@@ -1355,6 +1375,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--processes", type=int, default=1, metavar="N",
                     help="valgrind processes per build: the instruction count of each compile is the median of N "
                          "(the table shows their spread beside each ratio; replaces --repeat)")
+    ap.add_argument("--hash-seeds", action="store_true",
+                    help="with --processes N, process k of each build runs with PYTHONHASHSEED=k-1: N hash and heap "
+                         "layouts rather than one layout N times (identical processes count alike, so their spread "
+                         "says nothing of how far the layout moves a ratio)")
     ap.add_argument("--reps", type=int, default=5, help="interleaved wall-clock rounds")
     ap.add_argument("--no-callgrind", action="store_true", help="skip the instruction counts")
     ap.add_argument("--reuse-callgrind", action="store_true",

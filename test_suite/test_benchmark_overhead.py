@@ -117,6 +117,41 @@ def test_processes_need_callgrind() -> None:
         B.main(["--processes", "0"])
     with pytest.raises(SystemExit, match="not with --quick or --no-callgrind"):
         B.main(["--quick", "--processes", "3"])
+    with pytest.raises(SystemExit, match="--hash-seeds .* use it with --processes N, N >= 2"):
+        B.main(["--hash-seeds", "--workloads", "vit_l1"])
+
+
+def test_processes_are_paired_by_index_for_the_per_process_ratios() -> None:
+    """Process k of a build is compared with process k of its baseline (with --hash-seeds: the same seed), so
+    the table shows how far the layout moves the ratio beside the ratio of the medians."""
+    instr = {("disabled", "w", 1): 1_000_000_000, ("disabled", "w", 2): 1_002_000_000,
+             ("disabled", "w", 3): 1_001_000_000, ("enabled", "w", 1): 1_001_000_000,
+             ("enabled", "w", 2): 1_003_002_000, ("enabled", "w", 3): 1_001_000_000}
+    base = {f: "" for f in B.CSV_FIELDS}
+    rows = [dict(base, workload="w", variant=v, nodes="100", **{k: str(x) for k, x in
+                                                                 B.instruction_columns(instr, v, "w", 3).items()})
+            for v in ("disabled", "enabled")]
+    B.derive(rows)
+    by = {r["variant"]: r for r in rows}
+    assert by["enabled"]["instr_vs_baseline_processes_pct"] == "+0.1000 +0.1000 +0.0000"
+    # The ratio of the medians can hide what the pairs show: both medians are 1_001_000_000.
+    assert by["enabled"]["instr_vs_baseline_pct"] == "0.0000"
+    assert by["disabled"]["instr_vs_baseline_processes_pct"] == ""  # no baseline rows
+
+
+@pytest.mark.parametrize("hash_seeds, seeds", [(True, [0, 1, 2]), (False, [0, 0, 0])])
+def test_hash_seeds_give_process_k_the_seed_k_minus_1(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                       hash_seeds: bool, seeds: list[int]) -> None:
+    calls: list[tuple[str, int]] = []
+
+    def parent(tag: str, variant: str, *args: object) -> dict[str, int]:
+        calls.append((tag, int(args[-1])))  # type: ignore[call-overload]
+        return {"w": 1}
+
+    monkeypatch.setattr(B, "callgrind_parent", parent)
+    monkeypatch.setattr(B, "BENCH_DIR", tmp_path)
+    B.measure_instructions(["disabled"], ["w"], "none", False, 1, "key", False, 3, hash_seeds)
+    assert sorted(calls) == [("disabled", seeds[0]), ("disabled-p2", seeds[1]), ("disabled-p3", seeds[2])]
 
 
 def test_derive_compares_with_the_right_baseline() -> None:
