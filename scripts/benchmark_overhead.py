@@ -6,6 +6,7 @@ Usage (from a fresh clone, any Python 3.11; it builds its own environments under
     python3 -m scripts.benchmark_overhead            # faster (two valgrind processes at a time), less exact
     python3 -m scripts.benchmark_overhead --quick    # CI: tiny workloads, no valgrind, about 2 min once set up
     python3 -m scripts.benchmark_overhead --processes 3 --workloads llama_l1,bert_l1   # medians of 3 processes
+    python3 -m scripts.benchmark_overhead --processes 3 --hash-seeds --workloads vit_l1   # 3 layouts per build
     python3 -m scripts.benchmark_overhead --workloads qwen2_l1,nested_modules_d1 --out /tmp/o   # a subset
 
 Variants (``--variants``; default ``fixes,disabled,enabled``; ``unpatched,fixes,disabled,enabled`` adds the
