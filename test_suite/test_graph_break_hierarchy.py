@@ -215,8 +215,8 @@ def _innermost_line(node: Any) -> tuple[str, int] | None:
     return (frames[-1][0], int(frames[-1][1])) if frames else None
 
 
-# Nodes Dynamo inserts itself (OutputGraph.create_node: grad mode, autocast), not user code: they
-# carry no call_hierarchy (RFC.md, Transforms).
+# Nodes Dynamo inserts itself (grad mode, autocast), not user code: left out of the ops compared,
+# since whether Dynamo emits them is incidental; they carry the scope they are made in, as every node.
 DYNAMO_INSERTED = {torch._C._set_grad_enabled, torch.amp.autocast_mode._enter_autocast,
                    torch.amp.autocast_mode._exit_autocast}
 
@@ -234,8 +234,9 @@ class Recorder:
         ops = [Op(n.name, _target(n), _innermost_line(n), tuple(n.meta.get("call_hierarchy", ())),
                   isinstance(n.meta.get("example_value"), torch.Tensor))
                for n in nodes]
-        for n in nodes:
-            assert "call_hierarchy" in n.meta, (n.name, "no call_hierarchy")
+        for n in gm.graph.nodes:
+            if n.op in ("call_function", "call_method"):
+                assert "call_hierarchy" in n.meta, (n.name, "no call_hierarchy")
         graph = Graph(len(self.graphs), gm, dict(gm.meta["call_hierarchy_root"]), ops)
         self.graphs.append(graph)
 
