@@ -816,7 +816,9 @@ def test_export_strict_golden(exported: "torch.export.ExportedProgram") -> None:
 def test_export_strict_paths_have_no_export_root(exported: "torch.export.ExportedProgram") -> None:
     ops = [n for n in exported.graph.nodes if n.op == "call_function"]
     assert ops and all("call_hierarchy" in n.meta for n in ops)
-    for node in exported.graph.nodes:
+    # Higher-order op bodies included: strict export traces them in its wrapper's frame too.
+    bodies = [m for m in exported.graph_module.modules() if isinstance(m, torch.fx.GraphModule)]
+    for node in (node for body in bodies for node in body.graph.nodes):
         for entry in node.meta.get("call_hierarchy", ()):
             assert "_export_root" not in "".join(str(v) for v in entry.values()), (node.name, dict(entry))
     for node in ops:
@@ -824,6 +826,22 @@ def test_export_strict_paths_have_no_export_root(exported: "torch.export.Exporte
         modules = [e["path"] for e in node.meta["call_hierarchy"] if e["type"] == "module"]
         stack = [path for path, _cls in node.meta.get("nn_module_stack", {}).values() if path]
         assert modules == stack, node.name
+
+
+def test_export_strict_cond_branches_have_the_scopes_compile_gives_them() -> None:
+    """Strict export traces a cond's branches in its wrapper's frame too: their ops carry the
+    scopes torch.compile gives them (``test_cond_backward_golden``), without the wrapper (RFC
+    "Export and serde"; before patch 0009 cleaned bodies, ``_export_root (Holder) > gate ...``)."""
+    torch.manual_seed(0)
+    model = Holder("gate", Gated())
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(record_call_hierarchy=True):
+        ep = torch.export.export(model, (torch.randn(4, 8),), strict=True)
+    torch._dynamo.reset()
+    branches = [sub for name, sub in ep.graph_module.named_modules() if name and isinstance(sub, torch.fx.GraphModule)]
+    scopes = [{fmt(n.meta["call_hierarchy"]) for n in sub.graph.nodes if n.op == "call_function"} for sub in branches]
+    assert scopes == [{f"gate (Gated) > Gated.{method}#0", f"gate (Gated) > Gated.{method}#0 > lin (Linear)"}
+                      for method in ("positive", "negative")], scopes
 
 
 def test_export_save_load_keeps_operator_hierarchies(exported: "torch.export.ExportedProgram") -> None:
