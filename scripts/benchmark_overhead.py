@@ -48,7 +48,10 @@ Measurements:
 * bytecodes (``--bytecodes``): the Python bytecodes of one primed compile, counted per function with
   ``sys.settrace`` opcode events, for fixes / disabled / enabled (``bytecodes.md``). Exact and repeatable:
   each difference is code one build runs and the other does not, where two builds' instruction counts
-  also differ by C-level layout (CPython's type attribute cache, the allocator's arenas).
+  also differ by C-level layout (CPython's type attribute cache, the allocator's arenas). Each frame's
+  counter is a mark of the series' non-strict recorder, which otherwise keeps frames as themselves under a
+  trace function: it runs the path it runs untraced, less the marks it would make (a few bytecodes per
+  user frame).
 * memory: ``tracemalloc`` bytes retained by the graph modules of one compile (held minus released),
   enabled minus disabled: per FX node and as a share of the bytes the graphs retain with the flag off.
 
@@ -708,7 +711,8 @@ def bytecode_report(counts: dict[str, dict[str, dict[str, int]]], top: int = 8,
     lines = ["# Python bytecodes executed per compile", "",
              "One compile per workload, primed as for the instruction counts, every bytecode counted with "
              "`sys.settrace` opcode events (`PYTHONHASHSEED=0`): exact and repeatable, so each difference is "
-             "code that one build runs and the other does not.", "",
+             "code that one build runs and the other does not. Each frame's counter is a mark of the non-strict "
+             "recorder (`_CallMark`), so that it runs the path it runs untraced, less making the marks.", "",
              "| workload | fixes | flag off | off vs fixes | flag on | on vs off |", "|---|---|---|---|---|---|"]
     pairs = (("fixes", "disabled"), ("disabled", "enabled"))
     pct: dict[tuple[str, str], float] = {}
