@@ -1347,6 +1347,56 @@ def test_objects_from_before_the_profile_are_frozen_during_it(monkeypatch: pytes
         gc.unfreeze()
 
 
+@torch.library.custom_op("call_hierarchy_test::mixed_mm", mutates_args=())
+def _mixed_mm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """A Python custom op whose kernel runs ATen ops of its own (as transformers'
+    ``grouped_mm_fallback``, an ``aten::mm`` per expert)."""
+    out = x.new_zeros(x.size(0), w.size(1))
+    for start in range(0, x.size(0), 2):
+        torch.mm(x[start : start + 2], w, out=out[start : start + 2])
+    return out
+
+
+@_mixed_mm.register_fake
+def _(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(x.size(0), w.size(1))
+
+
+class _Experts(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(8, 8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _mixed_mm(x, self.w)
+
+
+class _ExpertsThenHead(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.experts = _Experts()
+        self.head = torch.nn.Linear(8, 8, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.experts(x).relu())
+
+
+def test_custom_op_kernel_owns_the_ops_it_runs() -> None:
+    """A Python custom op records no profiler event of its own on torch 2.15's fast path, so the
+    ``aten::mm`` its kernel runs looked like the graph's next extern ``mm``, the head's: the
+    head's scope went to the expert's op and the head's own ``mm`` went unattributed.  Profiled
+    through the dispatcher, the op is an event around its ops, the expert's; the head keeps its
+    ``mm``; the fast path is back after the profile."""
+    op = torch.ops.call_hierarchy_test.mixed_mm.default
+    assert op._is_pyobj_dispatcher_enabled()
+    result = profile_module(_ExpertsThenHead().eval(), torch.randn(4, 8))
+    assert result.report.unattributed_events == 0, result.summary()
+    root = result.root
+    assert kernels_under(scope_at(root, "experts (_Experts)")) == ["call_hierarchy_test::mixed_mm"]
+    assert kernels_under(scope_at(root, "head (Linear)")) == ["aten::mm"]
+    assert op._is_pyobj_dispatcher_enabled()
+
+
 def test_scopes_outside_the_model_printed_beside_its_root() -> None:
     """``torch.compile(train_step)(model, batch)``: the step function's own scope is printed beside
     the model's root (tree, folded stacks, flame graph), not as a child of it; the model's root

@@ -300,7 +300,7 @@ class CallHierarchyProfiler:
         if not scheduled:
             profile_kwargs["schedule"] = _record_every_step
         prof = torch.profiler.profile(on_trace_ready=on_trace_ready, **profile_kwargs)
-        with _frozen_gc(), files.exporting(prof):
+        with _frozen_gc(), _custom_ops_recorded(), files.exporting(prof):
             with prof:
                 yield prof
             if not scheduled:
@@ -474,6 +474,33 @@ def _frozen_gc() -> Iterator[None]:
         yield
     finally:
         gc.unfreeze()
+
+
+@contextlib.contextmanager
+def _custom_ops_recorded() -> Iterator[None]:
+    """Python custom ops (``torch.library.custom_op``) through the dispatcher while profiling.
+
+    PyTorch 2.15 calls them on a fast path that bypasses the C++ dispatcher, and with it the
+    profiler's ``RecordFunction``: a call records no event of its own, so the ATen ops its kernel
+    runs appear beside the compiled graph's kernels, as if they were kernels of the graph (a
+    Mixture-of-Experts model's ``transformers::grouped_mm_fallback`` runs an ``aten::mm`` per
+    expert).  Through the dispatcher each call is an event around its ops, attributed as the
+    graph's kernel of that op; the same kernel runs, at the dispatcher's cost of a few
+    microseconds per call."""
+    try:
+        from torch._library.custom_ops import OPDEFS
+    except ImportError:  # no custom_op, no fast path
+        yield
+        return
+    ops = [d._opoverload for d in list(OPDEFS.values())]
+    fast = [op for op in ops if getattr(op, "_is_pyobj_dispatcher_enabled", lambda: False)()]
+    for op in fast:
+        op._enable_pyobj_dispatch(False)
+    try:
+        yield
+    finally:
+        for op in fast:
+            op._enable_pyobj_dispatch(True)
 
 
 def _warn_if_unstepped(result: ProfileResult) -> None:
