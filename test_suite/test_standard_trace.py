@@ -499,7 +499,8 @@ def compiled_kernel_events(doc: dict[str, Any]) -> list[dict[str, Any]]:
 def test_training_script_run_twice_annotates_every_kernel_of_every_trace(tmp_path: Path) -> None:
     """A user's training script, PyTorch's compile caches at their defaults, profiled periodically
     (``schedule(..., repeat=2)``), run twice: the second process hits the FX-graph and AOTAutograd
-    caches. Every compiled kernel event of all four traces carries its scope, the same in both."""
+    caches. Every compiled kernel event of all four traces carries its scope, the same in both;
+    ``--trace`` reads a process's two traces as one profile."""
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "cache"),
            "PYTHONPATH": str(ROOT)}
     runs = []
@@ -519,6 +520,12 @@ def test_training_script_run_twice_annotates_every_kernel_of_every_trace(tmp_pat
         assert len(events) > 20
         assert [name for name, h in events if h is None] == []
     assert warm == cold and cold[0] == cold[1]
+    # The two traces of a process are its profile, averaged, not two ranks; each run is a process.
+    from scripts.hierarchy_profiler.standard_trace import RankedProfile, read_traces
+
+    one = read_traces([tmp_path / "cold"])
+    assert isinstance(one, RankedProfile) and len(one.ranks) == 1 and one.traces == 2
+    assert len(read_traces([tmp_path / "cold", tmp_path / "warm"]).ranks) == 2
 
 
 # --------------------------------------------------------------------------- several ranks

@@ -53,6 +53,8 @@ class TraceProfile:
     stepped: bool = True
     # the process's rank in a distributed job (the trace's distributedInfo), None outside one
     rank: int | None = None
+    # the process that wrote the trace (host name, pid of its ops), None if it has no op
+    process: tuple[Any, Any] | None = None
     # communication and eager ops outside the compiled regions (see annotate.outside_samples)
     outside: Scope | None = None
     # compiled frames (Dynamo's "F/C" id) entered more than once per iteration: runs per iteration
@@ -222,6 +224,9 @@ def read_trace(path: str | Path) -> TraceProfile:
     info = doc.get("distributedInfo")
     if isinstance(info, dict) and isinstance(info.get("rank"), int):
         profile.rank = info["rank"]
+    op = next((e for e in events if e.get("cat") == "cpu_op"), None)
+    if op is not None:
+        profile.process = (doc.get("host_name"), op.get("pid"))
     return profile
 
 
@@ -287,15 +292,21 @@ class RankedProfile:
 
 def read_traces(paths: Sequence[str | Path]) -> TraceProfile | RankedProfile:
     """One trace's profile, or the profile of several: one per rank (the trace's
-    ``distributedInfo.rank``, else the order of the files), several traces of a rank averaged."""
+    ``distributedInfo.rank``; outside a distributed job, one per process that wrote traces, in the
+    order of the files), several traces of a rank (a schedule's ``repeat``) averaged."""
     files = trace_files(paths)
     if len(files) == 1:
         return read_trace(files[0])
     profiles = [read_trace(f) for f in files]
     known = all(p.rank is not None for p in profiles)
     by_rank: dict[int, list[TraceProfile]] = defaultdict(list)
+    processes: dict[Any, int] = {}
     for i, profile in enumerate(profiles):
-        by_rank[profile.rank if known and profile.rank is not None else i].append(profile)
+        if known and profile.rank is not None:
+            by_rank[profile.rank].append(profile)
+        else:
+            process = profile.process if profile.process is not None else ("file", i)
+            by_rank[processes.setdefault(process, len(processes))].append(profile)
     trees = {rank: merge_trees([p.root for p in ps], statistics.mean) if len(ps) > 1 else ps[0].root
              for rank, ps in by_rank.items()}
     calls = {rank: statistics.mean(p.kernel_calls / p.iterations for p in ps) for rank, ps in by_rank.items()}
