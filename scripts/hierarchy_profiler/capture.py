@@ -213,10 +213,10 @@ class RuntimeScopes:
         """Absolute path of a module entry recorded relative to the running module ``base``.
 
         A compiled frame that reaches its module through a local rather than as its root
-        (a Dynamo resume function: ``self.mlp``; a module compiled from a wrapper frame:
-        ``fn.0``; a bound method: ``forward.__self__.mlp``) records that access path as the
-        leading path components: they are dropped until the path resolves under ``base``
-        to a module of the recorded class.
+        (a Dynamo resume function: ``self.mlp``; a torch.nn module's bound method compiled
+        from Dynamo's wrapper frame: ``fn.__self__.0``; a bound method: ``forward.__self__.mlp``)
+        records that access path as the leading path components: they are dropped until the
+        path resolves under ``base`` to a module of the recorded class.
         """
         parts = rel.split(".") if rel else []
         for i in range(len(parts) + 1):
@@ -816,13 +816,13 @@ class Capture:
         root = gm.meta.get("call_hierarchy_root")
         if not isinstance(root, dict):
             return None
-        if root.get("module_class") is not None:  # a module's forward: outside the model if not the model's
-            return Outside(f"{str(root['module_class']).rpartition('.')[2]}{OUTSIDE_SUFFIX}", whole=True)
         module = str(root.get("module"))
         if module.startswith("torch._dynamo."):
             # Dynamo's wrapper of a torch.nn module it compiles (``nn.Sequential``: ``wrap_inline``):
             # the model's own call, though no frame of the model runs
             return None
+        if root.get("module_class") is not None:  # a module's forward: outside the model if not the model's
+            return Outside(f"{str(root['module_class']).rpartition('.')[2]}{OUTSIDE_SUFFIX}", whole=True)
         name = str(root.get("qualname") or root.get("name")).rpartition("<locals>.")[2]
         label = f"{name}{OUTSIDE_SUFFIX}"
         paths = self._model_paths(gm)
