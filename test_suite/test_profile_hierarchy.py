@@ -1347,6 +1347,29 @@ def test_objects_from_before_the_profile_are_frozen_during_it(monkeypatch: pytes
         gc.unfreeze()
 
 
+def test_objects_post_processing_makes_are_frozen_with_the_heap(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inside ``hp.profile()`` (which froze the heap), the parsed trace that post-processing makes
+    is frozen too before the collector is enabled again, so no young collection scans its dicts;
+    after the profile nothing is left frozen."""
+    import gc
+
+    from scripts.hierarchy_profiler import api
+
+    frozen_at_enable: list[int] = []
+    enable = gc.enable
+    monkeypatch.setattr(gc, "enable", lambda: (frozen_at_enable.append(gc.get_freeze_count()), enable())[1])
+    before: list[int] = []
+    annotate = api.CallHierarchyProfiler._annotate
+    monkeypatch.setattr(api.CallHierarchyProfiler, "_annotate",
+                        lambda self, *args: (before.append(gc.get_freeze_count()), annotate(self, *args))[1])
+    result = profile_steps(_Checkpointed(), (torch.randn(4, 8, requires_grad=True),), "aot_eager", train=True)
+    monkeypatch.undo()
+    events = len(result.trace["traceEvents"])
+    assert len(before) == 1 and len(frozen_at_enable) == 1, (before, frozen_at_enable)
+    assert frozen_at_enable[0] >= before[0] + events, (before, frozen_at_enable, events)
+    assert gc.get_freeze_count() == 0 and gc.isenabled()
+
+
 @torch.library.custom_op("call_hierarchy_test::mixed_mm", mutates_args=())
 def _mixed_mm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """A Python custom op whose kernel runs ATen ops of its own (as transformers'
@@ -1444,7 +1467,7 @@ def test_profiling_another_instance_is_warned() -> None:
 def test_median_and_spread_unmoved_by_an_outlier_iteration() -> None:
     """Three identical layers over three iterations (``ProfilerStep#N`` ranges), one 8 ms outlier
     in one layer's second iteration: its mean is many times its siblings', its median is theirs."""
-    from scripts.hierarchy_profiler.api import _steps_of
+    from scripts.hierarchy_profiler.api import _step_windows, _steps_of
     from scripts.hierarchy_profiler.tree import build_tree, format_tree
 
     doc = {"traceEvents": [{"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{i}", "pid": 1, "tid": 1,
@@ -1455,9 +1478,11 @@ def test_median_and_spread_unmoved_by_an_outlier_iteration() -> None:
             slow = 8000.0 if (step, layer) == (1, 1) else 0.0
             samples.append(_sample(("Nested", f"layers.{layer} (Block)"), "cpp_fused_0", 100.0 + slow,
                                    1000.0 * step + 10.0 * layer))
-    steps = _steps_of(samples, doc, 3)
+    windows = _step_windows(doc)
+    assert windows == [(0.0, 999.0), (1000.0, 1999.0), (2000.0, 2999.0), (3000.0, 3010.0)]
+    steps = _steps_of(samples, windows, 3)
     assert steps == [0, 0, 0, 1, 1, 1, 2, 2, 2]
-    assert _steps_of(samples, doc, 2) is None  # three iterations ran: not two
+    assert _steps_of(samples, windows, 2) is None  # three iterations ran: not two
     root = build_tree(samples, 3, "Nested", steps)
     layers = [root.children[f"layers.{i} (Block)"] for i in range(3)]
     assert layers[1].total_ns > 20 * layers[0].total_ns  # the mean
