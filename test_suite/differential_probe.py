@@ -283,7 +283,9 @@ class Recorder:
                 self.add(f"resume function {label}: bytecode", bytecode(code))
             entries = _debug_get_cache_entry_list(code)
             for i, entry in enumerate(entries):
-                self.add(f"cache entry {label} #{i}: bytecode", bytecode(entry.code))
+                # an entry without code runs the frame as it is (Dynamo made no graph for those guards)
+                code_listing = "(no code: the frame runs as it is)" if entry.code is None else bytecode(entry.code)
+                self.add(f"cache entry {label} #{i}: bytecode", code_listing)
                 self.add(f"cache entry {label} #{i}: guards", str(entry.guard_manager))
 
 

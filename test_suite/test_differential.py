@@ -153,3 +153,24 @@ def test_differences_name_program_artifact_and_diff() -> None:
     assert reports[0] == "p / counts:\n    --- off\n    +++ on\n    @@ -1 +1 @@\n    -graphs: 3\n    +graphs: 4"
     assert reports[1:] == ["p / dynamo graph 3: code: only in on", "q: only in on"]
     assert differences("off", left, "on", left) == []
+
+
+def test_cache_entry_without_code_is_recorded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cache entry whose code is None (a frame Dynamo runs as it is for those guards, as a trained
+    T5 recompiled at a second sequence length has) is an artifact too, not a crash of the probe."""
+    import types
+
+    from test_suite import differential_probe as probe
+
+    def listed() -> None:
+        pass
+
+    entry = types.SimpleNamespace(code=None, guard_manager="TREE_GUARD_MANAGER")
+    monkeypatch.setattr(probe, "_debug_get_cache_entry_list", lambda code: [entry])
+    rec = probe.Recorder()
+    rec.codes.append(listed.__code__)
+    rec.record_cache_entries()
+    label = f"{listed.__code__.co_qualname}@{listed.__code__.co_firstlineno}"
+    assert rec.artifacts[f"cache entry {label} #0: bytecode"] == "(no code: the frame runs as it is)"
+    assert rec.artifacts[f"cache entry {label} #0: guards"] == "TREE_GUARD_MANAGER"
+
