@@ -351,7 +351,14 @@ def test_handler_output_is_upstreams_where_no_kernel_has_a_call_hierarchy(tmp_pa
     called["traceEvents"].insert(1, {"ph": "X", "name": "## Call CompiledFxGraph fkey ##", "cat": "cpu_op",
                                      "ts": 5, "dur": 90, "pid": 0, "tid": 1, "args": {}})
     graph = Graph()
+    import torch._dynamo
+    # a graph with hierarchies (a cache entry written with the flag on) registered by a process with the
+    # flag off: nothing is registered, the trace is written as it was
     with compile_context(CompileContext(CompileId(frame_id=0, frame_compile_id=0))):
+        register_kernel_call_hierarchies(graph, is_backward=False)
+    assert patched._add_kernel_call_hierarchies(copy.deepcopy(called)) == called
+    with (compile_context(CompileContext(CompileId(frame_id=0, frame_compile_id=0))),
+          torch._dynamo.config.patch(record_call_hierarchy=True)):
         register_kernel_call_hierarchies(graph, is_backward=False)
     on = patched._add_kernel_call_hierarchies(copy.deepcopy(called))
     assert without_call_hierarchy(on) == called
