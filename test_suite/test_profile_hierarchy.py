@@ -1467,18 +1467,25 @@ def test_profiling_another_instance_is_warned() -> None:
 def test_median_and_spread_unmoved_by_an_outlier_iteration() -> None:
     """Three identical layers over three iterations (``ProfilerStep#N`` ranges), one 8 ms outlier
     in one layer's second iteration: its mean is many times its siblings', its median is theirs."""
-    from scripts.hierarchy_profiler.api import _step_windows, _steps_of
+    from scripts.hierarchy_profiler.annotate import _nest, step_windows
+    from scripts.hierarchy_profiler.api import _steps_of
     from scripts.hierarchy_profiler.tree import build_tree, format_tree
 
-    doc = {"traceEvents": [{"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{i}", "pid": 1, "tid": 1,
-                            "ts": 1000.0 * i, "dur": 999.0 if i < 3 else 10.0} for i in range(4)]}
+    # the trace's step ranges, among a device annotation of the same name (not the host's step) and
+    # other events on two threads
+    events = [{"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{i}", "pid": 1, "tid": 1,
+               "ts": 1000.0 * i, "dur": 999.0 if i < 3 else 10.0} for i in range(4)]
+    events[1:1] = [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 10.0, "dur": 5.0},
+                   {"ph": "X", "cat": "gpu_user_annotation", "name": "ProfilerStep#0", "pid": 0, "tid": 7,
+                    "ts": 20.0, "dur": 900.0},
+                   {"ph": "i", "name": "marker", "pid": 1, "tid": 1, "ts": 30.0}]
     samples = []
     for step in range(3):
         for layer in range(3):
             slow = 8000.0 if (step, layer) == (1, 1) else 0.0
             samples.append(_sample(("Nested", f"layers.{layer} (Block)"), "cpp_fused_0", 100.0 + slow,
                                    1000.0 * step + 10.0 * layer))
-    windows = _step_windows(doc)
+    windows = step_windows(_nest(events))
     assert windows == [(0.0, 999.0), (1000.0, 1999.0), (2000.0, 2999.0), (3000.0, 3010.0)]
     steps = _steps_of(samples, windows, 3)
     assert steps == [0, 0, 0, 1, 1, 1, 2, 2, 2]
@@ -1994,6 +2001,28 @@ def test_a_second_process_hits_the_caches_and_attributes_the_same(tmp_path: Path
     assert cold["hits"] == 0 and warm["hits"] > 0, (cold["hits"], warm["hits"])
     assert cold["share"] >= 0.99 and warm["share"] >= 0.99
     assert warm["counts"] == cold["counts"]
+
+
+def test_a_cache_entry_of_another_program_is_not_read() -> None:
+    """A cache entry serves every program that compiles to its graph (the keys leave hierarchies
+    out): its kernel scopes are read only in a compile whose hierarchies have the digest patch 0019
+    keeps beside them (else the graph is compiled again, see ``Capture.aot_cache_hits``)."""
+    import types
+
+    import torch._inductor.debug as inductor_debug
+
+    from scripts.hierarchy_profiler.capture import cached_provenance
+
+    kernels = {"cpp_fused_relu_0:1": {"call_hierarchy": []}}
+    compiled = types.SimpleNamespace(_kernel_call_hierarchies={"kernels": kernels, "program": "written"},
+                                     source_code="def call(args):\n    pass\n")
+    assert cached_provenance(compiled) is None  # no compile: no program to compare with
+    context = torch._guards.TracingContext(None)
+    with torch._guards.tracing(context):
+        inductor_debug._program_call_hierarchies[context] = "written"
+        assert cached_provenance(compiled) == ({}, kernels)
+        inductor_debug._program_call_hierarchies[context] = "another program"
+        assert cached_provenance(compiled) is None
 
 
 def test_profiler_modules_import_one_way() -> None:

@@ -80,6 +80,7 @@ GRAPH_LAUNCHES = frozenset({"cudaGraphLaunch", "cuGraphLaunch", "hipGraphLaunch"
 # "## call_hierarchy iteration i ##") would make every eager op "compiled".
 REGION_PREFIXES = ("Torch-Compiled Region", "## call_hierarchy graph ", "## call_hierarchy dynamo graph ",
                    "## Call CompiledFxGraph")
+STEP_PREFIX = "ProfilerStep#"
 
 
 @dataclasses.dataclass
@@ -137,6 +138,9 @@ class Report:
     uncaptured_self_us: float = 0.0
     # what ran outside the compiled regions: communication and eager ops (see outside_samples)
     outside: list[Sample] = dataclasses.field(default_factory=list)
+    # the trace's ProfilerStep#N ranges, (start, end) in time order, and how many names they have
+    step_windows: list[tuple[float, float]] = dataclasses.field(default_factory=list)
+    recorded_steps: int = 0
 
     @property
     def share(self) -> float:
@@ -160,6 +164,7 @@ class _Nesting:
     calls: list[tuple[float, tuple[Any, Any], int]]  # compiled-graph calls, in time order
     device: list[int]  # device (GPU) events, in trace order
     graph_launches: list[int]  # CUDA graph replays (cudaGraphLaunch)
+    steps: list[int]  # the host's ProfilerStep#N ranges (a profiler with a schedule marks each step)
 
 
 def _nest(events: list[dict[str, Any]]) -> _Nesting:
@@ -195,15 +200,21 @@ def _nest_in_order(events: list[dict[str, Any]], order: Iterable[int]) -> _Nesti
     calls: list[tuple[float, tuple[Any, Any], int]] = []
     device: list[int] = []
     graph_launches: list[int] = []
+    steps: list[int] = []
     gpu_cats = frozenset(GPU_CATS)
+    marked = (*REGION_PREFIXES, STEP_PREFIX)  # the names of interest: one test rules out the others
     fields = itemgetter("ph", "cat", "name", "pid", "tid", "ts", "dur")  # one call reads a complete event
     # Per thread: the open events (each an ancestor of the next), their ends, and the last
-    # event's start and duration.  Most events are on the thread of the event before them.
+    # event's start and duration.  Most events are on the thread of the event before them: the
+    # current thread's are locals, its last start and duration saved when another's event comes.
     threads: dict[tuple[Any, Any], tuple[list[int], list[float], list[float]]] = {}
-    thread: tuple[Any, Any] | None = None
+    thread: tuple[Any, Any] = (None, None)
+    cur_pid: Any = object()  # no thread yet: unequal to every pid
+    cur_tid: Any = None
     stack: list[int] = []
     ends: list[float] = []
-    last: list[float] = []
+    last: list[float] = [float("-inf"), 0.0]
+    last_start, last_dur = last
     for i in order:
         e = events[i]
         try:
@@ -220,19 +231,22 @@ def _nest_in_order(events: list[dict[str, Any]], order: Iterable[int]) -> _Nesti
             name, pid, tid, ts, d = e.get("name", ""), e.get("pid"), e.get("tid"), e["ts"], e.get("dur", 0.0)
         if ph != "X":
             continue
-        t = (pid, tid)
-        if t != thread:
-            found = threads.get(t)
+        if tid != cur_tid or pid != cur_pid:
+            last[0] = last_start
+            last[1] = last_dur
+            thread = (pid, tid)
+            found = threads.get(thread)
             if found is None:
-                found = threads[t] = ([], [], [float("-inf"), 0.0])
+                found = threads[thread] = ([], [], [float("-inf"), 0.0])
             stack, ends, last = found
-            thread = t
+            last_start, last_dur = last
+            cur_pid, cur_tid = pid, tid
         start = float(ts)
         d = float(d)
-        if start < last[0] or (start == last[0] and d > last[1]):
+        if start < last_start or (start == last_start and d > last_dur):
             return None  # not in time order: it may be inside an event already closed
-        last[0] = start
-        last[1] = d
+        last_start = start
+        last_dur = d
         if cat in gpu_cats:
             device.append(i)
         if not isinstance(name, str):
@@ -243,10 +257,14 @@ def _nest_in_order(events: list[dict[str, Any]], order: Iterable[int]) -> _Nesti
         dur[i] = d
         if cat == "cuda_runtime" and name in GRAPH_LAUNCHES:
             graph_launches.append(i)
-        if name.startswith(REGION_PREFIXES):
-            regions.add(i)
-            if GRAPH_RANGE.match(name):
-                calls.append((start, t, i))
+        if name.startswith(marked):
+            if name.startswith(STEP_PREFIX):
+                if cat not in gpu_cats:
+                    steps.append(i)
+            else:
+                regions.add(i)
+                if GRAPH_RANGE.match(name):
+                    calls.append((start, thread, i))
         end = start + d
         limit = end - 1e-6
         while ends and ends[-1] < limit:
@@ -271,7 +289,8 @@ def _nest_in_order(events: list[dict[str, Any]], order: Iterable[int]) -> _Nesti
         ends.append(end)
     calls.sort()
     self_us = [d - c if d > c else 0.0 for d, c in zip(dur, child_dur)]  # max(0.0, d - c)
-    return _Nesting(outside, parent, children, names, cats, starts, dur, self_us, in_region, calls, device, graph_launches)
+    return _Nesting(outside, parent, children, names, cats, starts, dur, self_us, in_region, calls, device, graph_launches,
+                    steps)
 
 
 class _Matcher:
@@ -366,7 +385,8 @@ class _Annotator:
         self.events.extend(self.new_events)
         return Report(self.samples, self.compiled_self, self.attributed_self, self.unattributed_events,
                       len(nesting.calls), eager, self.unknown_stacks, uncaptured,
-                      outside_samples(nesting, self.graph_ranges | launched_here))
+                      outside_samples(nesting, self.graph_ranges | launched_here), step_windows(nesting),
+                      len({nesting.name[i] for i in nesting.steps}))
 
     def claim(self, call: int, att: Attribution) -> None:
         """``call`` (a kernel call, an eager op) and every event below it are ``att``'s: one sample."""
@@ -604,6 +624,12 @@ def outside_samples(nesting: _Nesting, claimed: set[int]) -> list[Sample]:
             continue
         out.append(Sample(Attribution(scope, name), nesting.dur[i], nesting.self_us[i], start_us=nesting.start[i]))
     return out
+
+
+def step_windows(nesting: _Nesting) -> list[tuple[float, float]]:
+    """The trace's ``ProfilerStep#N`` ranges on the host, ``(start, end)`` in time order."""
+    start, dur = nesting.start, nesting.dur
+    return sorted((start[i], start[i] + dur[i]) for i in nesting.steps)
 
 
 def _look_through_python(nesting: _Nesting, calls: Iterable[int]) -> list[tuple[int, int]]:

@@ -50,7 +50,7 @@ import torch
 from torch import nn
 
 from . import jsonio
-from .annotate import GPU_CATS, OUTSIDE_GRAPHS, Report, Sample, annotate
+from .annotate import OUTSIDE_GRAPHS, Report, Sample, annotate
 from .capture import DYNAMO_RANGE, OUTSIDE_SUFFIX, Capture, CompiledGraph
 from .tree import Scope, build_tree, format_tree
 
@@ -351,12 +351,12 @@ class CallHierarchyProfiler:
         finally:
             path.unlink(missing_ok=True)  # read once: a schedule's cycles would pile up
         timings = {"export": export_s, "parse": time.perf_counter() - start}
-        if iterations is None:
-            iterations = _recorded_steps(doc) or 1
         eager = _dynamo_eager_frames(self._counters_before)
         start = time.perf_counter()
         report = annotate(doc, self.capture)
         timings["attribution"] = time.perf_counter() - start
+        if iterations is None:
+            iterations = report.recorded_steps or 1
         if not report.samples:
             graphs = _dynamo_counters()["stats"].get("unique_graphs", 0) - self._counters_before.get(
                 "stats", {}).get("unique_graphs", 0)
@@ -372,7 +372,7 @@ class CallHierarchyProfiler:
                                f"(nothing to attribute){why}")
         _warn_if_another_instance(report, self.capture.scopes.root_label)
         start = time.perf_counter()
-        windows = _step_windows(doc)
+        windows = report.step_windows
         root = build_tree(report.samples, iterations, self.capture.scopes.root_label,
                           _steps_of(report.samples, windows, iterations))
         outside = None
@@ -551,18 +551,9 @@ def _warn_if_another_instance(report: Report, root_label: str) -> None:
                       "instance you compile and run", stacklevel=2)
 
 
-def _step_windows(doc: dict[str, Any]) -> list[tuple[float, float]]:
-    """The trace's ``ProfilerStep#N`` ranges, ``(start, end)`` in time order: one pass over its
-    events (tens of thousands), testing the name first, which rules out nearly all of them."""
-    return sorted((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0)))
-                  for e in doc.get("traceEvents", ())
-                  if isinstance(name := e.get("name"), str) and name.startswith("ProfilerStep#")
-                  and e.get("ph") == "X" and "ts" in e and e.get("cat") not in GPU_CATS)
-
-
 def _steps_of(samples: list[Sample], windows: list[tuple[float, float]], iterations: int) -> list[int] | None:
     """The measured iteration of each sample, by the ``ProfilerStep#N`` range (of
-    :func:`_step_windows`) it started in; ``None`` unless the samples lie in exactly
+    :attr:`Report.step_windows`) it started in; ``None`` unless the samples lie in exactly
     ``iterations`` such ranges."""
     starts = [start for start, _ in windows]
     found: list[int] = []
@@ -582,12 +573,6 @@ def _record_every_step(_step: int) -> torch.profiler.ProfilerAction:
     """torch.profiler's default (record from start to stop), as a schedule: with one it marks
     each ``prof.step()`` with a ``ProfilerStep#N`` range, which tells the iterations apart."""
     return torch.profiler.ProfilerAction.RECORD
-
-
-def _recorded_steps(doc: dict[str, Any]) -> int:
-    """The number of distinct ``ProfilerStep#N`` ranges in the trace: the steps it recorded."""
-    return len({e.get("name") for e in doc.get("traceEvents", ())
-                if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#")})
 
 
 def _activities() -> list[torch.profiler.ProfilerActivity]:

@@ -573,10 +573,17 @@ def cached_kernel(key: str, info: dict[str, Any] | None) -> Kernel:
 def cached_provenance(compiled: Any) -> tuple[dict[str, list[str]], dict[str, Any]] | None:
     """For a graph loaded from the FX graph cache: its kernel keys in code order (from the
     provenance comments of its cached code) and the scopes its entry carries; ``None`` if the
-    entry carries none (written with ``record_call_hierarchy`` off, or without patch 0019)."""
+    entry carries none (written with ``record_call_hierarchy`` off, or without patch 0019) or
+    carries another program's: the cache keys leave hierarchies out, so an entry serves every
+    program that compiles to its graph (a helper renamed, another model of the same shape), and
+    patch 0019 keeps a digest of the hierarchies its scopes were made from."""
+    from torch._inductor import debug as inductor_debug
+
     recorded = getattr(compiled, "_kernel_call_hierarchies", None)
     source = getattr(compiled, "source_code", None)
     if recorded is None or not source:
+        return None
+    if recorded.get("program") != inductor_debug._program_call_hierarchies_digest():
         return None
     keys = [f"{m.group(1)}:{m.group(2)}" for m in map(_HANDLE.search, source.splitlines()) if m]
     return {key: [] for key in keys}, recorded["kernels"]
@@ -936,8 +943,9 @@ class Capture:
 
         A hit runs no ``inner_compile``: its forward and backward ``CompiledFxGraph`` come from
         the FX graph cache (or the entry itself) with the kernel scopes patch 0019 put in them.
-        Where they carry none (written with ``record_call_hierarchy`` off), or where the wrapper
-        has subgraph functions (whose call sites only the post-grad graph gives), the load
+        Where they carry none (written with ``record_call_hierarchy`` off) or another program's
+        (see :func:`cached_provenance`), or where the wrapper has subgraph functions (whose call
+        sites only the post-grad graph gives), the load
         raises, and AOTAutograd takes it as a bypass: it compiles, and its FX graph cache hit
         reaches ``inner_compile`` with the post-grad graph.  The cache's entries and keys are
         not changed either way.
@@ -1010,7 +1018,7 @@ class Capture:
                 found = cached_provenance(compiled)
                 if found is None:
                     # an entry that carries no scopes (record_call_hierarchy is not in the cache
-                    # key): compile the graph again, without the cache
+                    # key) or another program's: compile the graph again, without the cache
                     self.recompiled_hits += 1
                     context = torch._guards.TracingContext.try_get()
                     if context is not None and context.output_strides:
