@@ -2025,6 +2025,27 @@ def test_a_cache_entry_of_another_program_is_not_read() -> None:
         assert cached_provenance(compiled) is None
 
 
+def test_kernels_of_a_cache_entry_share_the_entries_of_a_scope() -> None:
+    """A cache entry stores each kernel's scope as dicts: its kernels are given one entry object per
+    distinct dict, as a compiled graph's kernels share their nodes' entries, so the labels of a
+    24-layer model's kernels are made once per scope, not once per kernel (the attribution reads
+    entries by identity)."""
+    from scripts.hierarchy_profiler.capture import cached_kernel
+
+    layer = {"type": "module", "attr": "0", "path": "layers.0", "class": "Block",
+             "class_qualname": "m.Block", "count": 0}
+    lin = {"type": "module", "attr": "lin", "path": "layers.0.lin", "class": "Linear",
+           "class_qualname": "torch.nn.modules.linear.Linear", "count": 0}
+    first = cached_kernel("cpp_fused_relu_0:1", {"call_hierarchy": [dict(layer), dict(lin)]})
+    second = cached_kernel("cpp_fused_add_1:2", {"call_hierarchy": [dict(layer)],
+                                                 "call_hierarchy_sources": [[dict(layer), dict(lin)]]})
+    assert first.hierarchy[0] is second.hierarchy[0] is second.sources[0][0]
+    assert first.hierarchy[1] is second.sources[0][1]
+    assert [dict(e) for e in first.hierarchy] == [layer, lin]
+    other = cached_kernel("cpp_fused_relu_2:3", {"call_hierarchy": [dict(layer, count=1)]})
+    assert other.hierarchy[0] is not first.hierarchy[0] and dict(other.hierarchy[0])["count"] == 1
+
+
 def test_profiler_modules_import_one_way() -> None:
     """The profiler is one pipeline (compile-time facts, trace, attribution, tree, outputs): no module
     imports, at its top or in a function, a module that imports it back, however indirectly."""

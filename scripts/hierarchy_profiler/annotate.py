@@ -379,7 +379,7 @@ class _Annotator:
             self.graph_call(t, r)
         uncaptured = self.eager_ops()
         launched_here = self.device_events()
-        _write((self.events[i], att) for i, att in self.attributions.items())
+        _write_claimed(self.events, self.attributions)
         eager = sum(nesting.self_us[i] for i in nesting.outside
                     if i not in self.graph_ranges and nesting.cat[i] == "cpu_op")
         self.events.extend(self.new_events)
@@ -390,16 +390,19 @@ class _Annotator:
 
     def claim(self, call: int, att: Attribution) -> None:
         """``call`` (a kernel call, an eager op) and every event below it are ``att``'s: one sample."""
-        children, self_us = self.nesting.children, self.nesting.self_us
-        total_self = 0.0
-        todo = [call]
-        while todo:  # depth first
-            j = todo.pop()
-            self.attributions[j] = att
-            total_self += self_us[j]
-            kids = children[j]
-            if kids:
-                todo.extend(kids)
+        children, self_us, attributions = self.nesting.children, self.nesting.self_us, self.attributions
+        attributions[call] = att
+        total_self = self_us[call]
+        todo = children[call]
+        if todo:  # what it dispatched, depth first
+            todo = todo[:]
+            while todo:
+                j = todo.pop()
+                attributions[j] = att
+                total_self += self_us[j]
+                kids = children[j]
+                if kids:
+                    todo.extend(kids)
         self.compiled_self += total_self
         if att.attributed:
             self.attributed_self += total_self
@@ -604,25 +607,33 @@ def outside_samples(nesting: _Nesting, claimed: set[int]) -> list[Sample]:
     graphs' samples (their calls' ranges, the device kernels their calls launched)."""
     out: list[Sample] = []
     gpu_cats = frozenset(GPU_CATS)
+    names, cats, durs, self_us, starts = nesting.name, nesting.cat, nesting.dur, nesting.self_us, nesting.start
+    # one attribution per name and category, shared by its samples (the ops of every iteration)
+    atts: dict[tuple[str, Any], Attribution] = {}
     for i in nesting.outside:
         if i in claimed:
             continue
-        name, cat = nesting.name[i], nesting.cat[i]
-        if cat in gpu_cats:
-            if not name.startswith(_COLLECTIVE_KERNELS):
-                continue  # a compiled graph's kernel: attributed by its launch
-            out.append(Sample(Attribution((OUTSIDE_GRAPHS, COMMUNICATION), f"{name} [device]"), nesting.dur[i],
-                              nesting.dur[i], device=True, start_us=nesting.start[i]))
-            continue
-        if name.startswith(_COLLECTIVE_PREFIXES):
-            scope = (OUTSIDE_GRAPHS, COMMUNICATION)
-        elif name.startswith(_COMPILE_RUNTIME_NAMES):
-            scope = (OUTSIDE_GRAPHS, COMPILE_RUNTIME)
-        elif cat == "cpu_op":
-            scope = (OUTSIDE_GRAPHS, EAGER_OPS)
+        name, cat = names[i], cats[i]
+        device = cat in gpu_cats
+        att = atts.get((name, cat))
+        if att is None:
+            if device:
+                if not name.startswith(_COLLECTIVE_KERNELS):
+                    continue  # a compiled graph's kernel: attributed by its launch
+                att = Attribution((OUTSIDE_GRAPHS, COMMUNICATION), f"{name} [device]")
+            elif name.startswith(_COLLECTIVE_PREFIXES):
+                att = Attribution((OUTSIDE_GRAPHS, COMMUNICATION), name)
+            elif name.startswith(_COMPILE_RUNTIME_NAMES):
+                att = Attribution((OUTSIDE_GRAPHS, COMPILE_RUNTIME), name)
+            elif cat == "cpu_op":
+                att = Attribution((OUTSIDE_GRAPHS, EAGER_OPS), name)
+            else:
+                continue
+            atts[(name, cat)] = att
+        if device:
+            out.append(Sample(att, durs[i], durs[i], device=True, start_us=starts[i]))
         else:
-            continue
-        out.append(Sample(Attribution(scope, name), nesting.dur[i], nesting.self_us[i], start_us=nesting.start[i]))
+            out.append(Sample(att, durs[i], self_us[i], start_us=starts[i]))
     return out
 
 
@@ -782,6 +793,17 @@ def _eager_in_compiled_frames(nesting: _Nesting, graph_ranges: set[int]) -> tupl
 def _write(pairs: Iterable[tuple[dict[str, Any], Attribution]]) -> None:
     """Add each attribution to its event's ``args``."""
     for e, att in pairs:
+        args = e.get("args")
+        if args is None:
+            e["args"] = dict(att.trace_args)
+        else:
+            args.update(att.trace_args)
+
+
+def _write_claimed(events: list[dict[str, Any]], attributions: dict[int, Attribution]) -> None:
+    """:func:`_write` of the claimed events (by index): one loop over tens of thousands."""
+    for i, att in attributions.items():
+        e = events[i]
         args = e.get("args")
         if args is None:
             e["args"] = dict(att.trace_args)

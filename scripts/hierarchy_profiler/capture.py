@@ -553,18 +553,42 @@ def wrapper_calls(source: str, functions: Iterable[str]) -> dict[str, list[tuple
     return out
 
 
+# The entries made from a cache entry's dicts, by the dicts' items: the kernels of a cached graph
+# then share one entry object per scope, as a compiled graph's share its nodes' (the labels are
+# made once per entry and per hierarchy, by identity: RuntimeScopes.absolute).  One per distinct
+# entry of the models profiled in the process.
+_ENTRY_OF_ITEMS: dict[tuple[tuple[str, Any], ...], Any] = {}
+
+
+def _entries_from_dicts(dicts: Sequence[dict[str, Any]]) -> Hierarchy:
+    """``call_hierarchy_from_dicts(dicts)``, one entry object for equal dicts."""
+    from torch.fx.call_hierarchy import call_hierarchy_from_dicts
+
+    out = []
+    for d in dicts:
+        items = tuple(d.items())
+        try:
+            entry = _ENTRY_OF_ITEMS.get(items)
+        except TypeError:  # a value that is not hashable: an entry of its own
+            entry = items = None
+        if entry is None:
+            entry = call_hierarchy_from_dicts([d])[0]
+            if items is not None:
+                _ENTRY_OF_ITEMS[items] = entry
+        out.append(entry)
+    return tuple(out)
+
+
 def cached_kernel(key: str, info: dict[str, Any] | None) -> Kernel:
     """A kernel of a graph loaded from the FX graph cache, which ran no codegen: its scope is the
     one the cache entry carries (patch 0019's ``CompiledFxGraph._kernel_call_hierarchies``)."""
-    from torch.fx.call_hierarchy import call_hierarchy_from_dicts
-
     name = key.rpartition(":")[0] or key
     hierarchy: Hierarchy = ()
     sources: tuple[Hierarchy, ...] = ()
     recompute = False
     if info is not None:
-        hierarchy = tuple(call_hierarchy_from_dicts(info["call_hierarchy"]))
-        sources = tuple(tuple(call_hierarchy_from_dicts(h)) for h in info.get("call_hierarchy_sources", ()))
+        hierarchy = _entries_from_dicts(info["call_hierarchy"])
+        sources = tuple(_entries_from_dicts(h) for h in info.get("call_hierarchy_sources", ()))
         recompute = bool(info.get("call_hierarchy_recomputed"))
     return Kernel(kernel_key(name), name if name.startswith("aten::") else kernel_key(name), hierarchy, sources,
                   recompute=recompute)
