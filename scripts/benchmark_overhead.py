@@ -280,6 +280,8 @@ def workload_table(quick: bool) -> dict[str, dict[str, Any]]:
         add("qwen2_train_l1", "train", lambda: _qwen2(1), train=True)
         add("qwen2_l1", "qwen2", lambda: _qwen2(1))
         add("qwen2_export_l1", "export", lambda: _qwen2(1), export=True)
+        for fam in FAMILY_CONFIGS:
+            add(f"{fam}_export_l1", "export", lambda fam=fam: _family(fam), export=True)
         add("export_wide_w100", "export", lambda: _wide(100), export=True)
         add("wide_w100", "wide", lambda: _wide(100))
         for d in (24, 1):

@@ -211,11 +211,10 @@ def test_full_workloads_are_the_chosen_set() -> None:
     full = {n for n, s in B.workload_table(quick=False).items() if s["measure"]}
     families = {f"{f}{kind}" for f in ("llama", "qwen3", "gemma", "qwen3_moe", "bert", "vit", "gpt2")
                 for kind in ("_l1", "_train_l1")}
-    assert full == families | {"qwen2_l1", "qwen2_train_l1", "nested_modules_d1", "nested_modules_d24",
-                               "helper_chain_d1", "helper_chain_d24", "wide_w100", "qwen2_export_l1",
-                               "export_wide_w100"}
-    assert {n for n, s in B.workload_table(quick=False).items() if s["export"]} == {"qwen2_export_l1",
-                                                                                   "export_wide_w100"}
+    exports = {f"{f}_export_l1" for f in ("qwen2", "llama", "qwen3", "gemma", "qwen3_moe", "bert", "vit", "gpt2")}
+    assert full == families | exports | {"qwen2_l1", "qwen2_train_l1", "nested_modules_d1", "nested_modules_d24",
+                                         "helper_chain_d1", "helper_chain_d24", "wide_w100", "export_wide_w100"}
+    assert {n for n, s in B.workload_table(quick=False).items() if s["export"]} == exports | {"export_wide_w100"}
 
 
 def test_venv_folder_names_have_the_same_length() -> None:
