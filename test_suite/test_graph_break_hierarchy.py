@@ -14,6 +14,8 @@ Hugging Face Qwen2 and tiny GPT-2 (random weights, two layers).  Shapes:
   one ``invoke_subgraph`` body serves every layer; a body op's full hierarchy is the call node's
   hierarchy followed by the body op's hierarchy relative to the region (``compose_region``), and
   must equal the fullgraph hierarchy exactly;
+* the same, every call inlined (``torch._dynamo.config.inline_invoke_subgraph``, as vLLM compiles):
+  each inlined op's hierarchy, module paths included, must equal its fullgraph hierarchy;
 * graph breaks at every insertion point, default and ``nested_graph_breaks=True``: see below;
   an ``unknown_frames`` entry (frames a nested resume function cannot know statically) stands
   for zero or more fullgraph entries (``weaker_relation_problem``).
@@ -924,8 +926,9 @@ class Compiled:
 
 def compile_shape(corpus: Corpus, shape: str, train: bool) -> Compiled:
     """Compile and run (forward, and backward of the loss when training) one model in one shape:
-    ``full`` (the model, fullgraph), ``step`` (``torch.compile(step)(model, batch)``) or
-    ``regional`` (the model, its layer class under ``nested_compile_region``)."""
+    ``full`` (the model, fullgraph), ``step`` (``torch.compile(step)(model, batch)``),
+    ``regional`` (the model, its layer class under ``nested_compile_region``) or ``inlined``
+    (``regional`` with every call of the body inlined into the graph)."""
     spec = corpus.spec
     out = Compiled([], [], [])
 
@@ -954,8 +957,10 @@ def compile_shape(corpus: Corpus, shape: str, train: bool) -> Compiled:
             stack.enter_context(torch._dynamo.config.patch(record_call_hierarchy=True))
             if not train:
                 stack.enter_context(torch.no_grad())
-            if shape == "regional":
+            if shape in ("regional", "inlined"):
                 stack.enter_context(regional(corpus.layer_class()))
+            if shape == "inlined":
+                stack.enter_context(torch._dynamo.config.patch(inline_invoke_subgraph=True))
             if shape == "step":
                 result = torch.compile(step, backend=backend, fullgraph=True)(model, *args, **kwargs)
             else:
@@ -1077,7 +1082,7 @@ def shape_problems(full: list[Op], ops: list[Op], expected: Callable[[tuple[Any,
     return checked, problems
 
 
-SHAPES = ("step", "regional")
+SHAPES = ("step", "regional", "inlined")
 MODES = ("inference", "training")
 _SHAPE_RUNS: dict[tuple[str, str, str], Compiled] = {}
 
@@ -1109,6 +1114,8 @@ SHAPE_CASES = [_shape_case(m, s, mode) for m in CORPUS for s in SHAPES for mode 
 def test_shape_equals_fullgraph(model: str, shape: str, mode: str) -> None:
     full = graph_ops(shape_run(model, "full", mode), mode)
     compiled = shape_run(model, shape, mode)
+    if shape == "inlined":
+        assert not any(n.target is _INVOKE_SUBGRAPH for n in compiled.dynamo[0].graph.nodes)
     got = graph_ops(compiled, mode)
     if shape == "step":
         model_class = type(CORPUS[model].spec.make())
