@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from scripts.series import SeriesError, peer
+from scripts.series import SeriesError, peer, upstream
 
 FILES = ["dynamo/test_a.py", "fx/test_b.py", "fx/test_b_more.py"]
 
@@ -210,6 +210,36 @@ def test_default_tests_from_beside_repo_or_beside_local_origin(tmp_path: Path) -
     clone.parent.mkdir()
     git(tmp_path, "clone", "-q", str(origin), str(clone))
     assert peer.default_tests_from(clone) == (tmp_path / "a/shared/upstream-tests").resolve()
+
+
+UNIT_TEST = "import unittest\n\n\nclass T(unittest.TestCase):\n    def test_one(self):\n        pass\n"
+
+
+def test_tests_under_a_folder_with_a_pytest_ini_above_it_keep_their_ids(tmp_path: Path) -> None:
+    # A tests folder inside another project (here, one whose pytest.ini would select nothing and set its own
+    # rootdir), as build/workspace is inside this repository: pytest runs it as the stored folder, rootdir
+    # test/, ids by file.
+    (tmp_path / "pytest.ini").write_text("[pytest]\npython_classes = Nothing\npython_functions = nothing\n")
+    test_dir = tmp_path / "build" / "tree" / "test"
+    (test_dir / "fx").mkdir(parents=True)
+    (test_dir / "fx" / "test_t.py").write_text(UNIT_TEST)
+    xml = tmp_path / "r.xml"
+    subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                    *upstream.pytest_config_args(test_dir), f"--junitxml={xml}", "fx/test_t.py"],
+                   cwd=test_dir, check=True, capture_output=True)
+    assert peer.file_outcomes(xml, "fx/test_t.py", "on") == {"fx/test_t.py::T::test_one": "passed"}
+    # A PyTorch checkout's own pytest.ini, at its root, configures its tests.
+    (test_dir.parent / "pytest.ini").write_text("[pytest]\n")
+    assert upstream.pytest_config_args(test_dir) == []
+
+
+def test_test_ids_that_name_no_test_of_the_file_are_an_error(tmp_path: Path) -> None:
+    (tmp_path / "r.xml").write_text('<testsuites><testsuite><testcase classname="build.tree.test.fx.test_t.T" '
+                                    'name="test_one"/></testsuite></testsuites>')
+    with pytest.raises(SeriesError, match=r"pytest named a test of fx/test_t.py 'build.tree.test.fx.test_t.T::"
+                                          r"test_one', which is not under fx/test_t.py: was it run with another "
+                                          r"rootdir"):
+        peer.file_outcomes(tmp_path / "r.xml", "fx/test_t.py", "on")
 
 
 def test_select_files(tmp_path: Path) -> None:

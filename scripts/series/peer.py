@@ -58,7 +58,7 @@ from .install import (
     check_torch_version, install_state, pristine_bytes, read_stamp, record_hashes, site_packages, torch_paths,
 )
 from .patches import Patch, load_series
-from .upstream import upstream_test_env
+from .upstream import pytest_config_args, upstream_test_env
 
 CONFIGS = ("pristine", "off", "on")
 OUTCOMES = ("passed", "failed", "error", "skipped")
@@ -168,6 +168,17 @@ def parse_junit(path: Path, files: Iterable[str]) -> dict[str, str]:
         if tid not in out or SEVERITY[outcome] > SEVERITY[out[tid]]:
             out[tid] = outcome
     return out
+
+
+def file_outcomes(xml: Path, f: str, config: str) -> dict[str, str]:
+    """:func:`parse_junit` of the JUnit XML of the pytest process of test file `f`: an error if a test id
+    names no test of `f` (pytest named the tests from another rootdir), as they would count for no file."""
+    outcomes = parse_junit(xml, [f])
+    stray = [tid for tid in outcomes if not tid.startswith(f"{f}::")]
+    if stray:
+        raise SeriesError(f"configuration {config}: pytest named a test of {f} {stray[0]!r}, which is not under "
+                          f"{f}: was it run with another rootdir (a pytest.ini above the test folder)?")
+    return outcomes
 
 
 @dataclasses.dataclass
@@ -517,7 +528,7 @@ def run_config(config: str, python: Path, cwd: Path, files: list[Selected], work
                 xml, probe_out = out / f"{stem}.xml", out / f"{stem}.probe.json"
                 env["RFC0051_PEER_PROBE_OUT"] = str(probe_out)
                 cmd = [str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", PROBE_PLUGIN,
-                       f"--junitxml={xml}", f, *sel.pytest_args(), *pytest_args]
+                       *pytest_config_args(cwd), f"--junitxml={xml}", f, *sel.pytest_args(), *pytest_args]
                 fh.write(f"=== {' '.join(cmd)}\n")
                 fh.flush()
                 began = time.monotonic()
@@ -527,7 +538,7 @@ def run_config(config: str, python: Path, cwd: Path, files: list[Selected], work
                                       f"{rcs[f]}); see {log}")
                 check_probe(config, json.loads(probe_out.read_text()), sp, overlay, f"the pytest process of {f}")
                 if xml.exists():
-                    outcomes.update(parse_junit(xml, [f]))
+                    outcomes.update(file_outcomes(xml, f, config))
                 else:  # pytest died (a crash): its tests are missing, and the file is marked
                     outcomes[f"{f}::<session>"] = "error"
                 walls[f] = time.monotonic() - began

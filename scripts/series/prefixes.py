@@ -64,7 +64,7 @@ from . import peer
 from .git import REPO_ROOT, Layout, SeriesError, blob_id, git, init_repo, isolated_env
 from .install import site_packages
 from .patches import Patch, final_paths, load_series, prefix_length
-from .upstream import upstream_test_env, upstream_test_files
+from .upstream import pytest_config_args, upstream_test_env, upstream_test_files
 
 # Patch k's torch/ paths -> the peer-suite files (globs under the stored test/ folder) most related to them.
 # Every rule whose prefix a touched path starts with applies. Globs that match no stored file are ignored.
@@ -436,7 +436,7 @@ class Runner:
                 env["TORCHINDUCTOR_CACHE_DIR"] = cache
             env["RFC0051_PEER_PROBE_OUT"] = str(probe_out)
             cmd = [str(self.python), "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", peer.PROBE_PLUGIN,
-                   f"--junitxml={xml}", f, *extra]
+                   *pytest_config_args(cwd), f"--junitxml={xml}", f, *extra]
             with open(log, "w") as fh:
                 fh.write(f"=== cd {cwd} && PYTHONPATH={env['PYTHONPATH']} {' '.join(cmd)}\n")
                 fh.flush()

@@ -41,6 +41,19 @@ def upstream_test_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k != "CI"}
 
 
+def pytest_config_args(test_dir: Path) -> list[str]:
+    """The pytest arguments that configure a run of the test files under `test_dir` (the `test/` folder of a
+    PyTorch checkout, or of a folder laid out like one): none where the checkout has its own `pytest.ini`
+    (PyTorch's, at its root); else no configuration file at all, with `test_dir` as pytest's rootdir.
+
+    Otherwise pytest takes the first configuration file above the folder: one inside this repository
+    (build/workspace, a copy under build/) ran with the workbench's `pytest.ini`, whose rootdir made
+    the test ids `build.workspace.test.dynamo.test_x...`, which name no test file."""
+    if (test_dir.parent / "pytest.ini").is_file():
+        return []
+    return ["-c", os.devnull, f"--rootdir={test_dir}"]
+
+
 def run_upstream_tests(series: list[Patch], python: Path, tests_from: Path | None, extra: list[str],
                        pytest: bool = False) -> int:
     """Run each upstream test file the series adds or changes as a developer does (`python test_x.py`), or,
@@ -72,7 +85,7 @@ def run_upstream_tests(series: list[Patch], python: Path, tests_from: Path | Non
         failed = []
         if pytest:
             print(f"=== pytest {' '.join(files)}", flush=True)
-            rc = subprocess.run([str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider",
+            rc = subprocess.run([str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", *pytest_config_args(cwd),
                                  *(str(Path(f).relative_to("test")) for f in files), *extra], cwd=cwd,
                                 env=upstream_test_env()).returncode
             print(f"upstream tests under pytest: {len(files)} file(s), " + ("passed" if rc == 0 else f"exit {rc}"))
