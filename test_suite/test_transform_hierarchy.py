@@ -701,15 +701,16 @@ def post_grad_nodes_without_hierarchy(model: nn.Module, args: tuple[Any, ...], d
                                       frozen: bool = False) -> list[list[str]]:
     """Compile a training step with Inductor (``frozen``: an inference step with ``freezing``) and return, per
     post-grad graph (forward, then backward), its ``call_function`` nodes that carry neither ``call_hierarchy``
-    nor ``fwd_call_hierarchy``: what the kernels are made of, so what a profile would show without a scope."""
+    nor ``fwd_call_hierarchy``: what the kernels are made of, so what a profile would show without a scope.
+    Read once the compile is done: the passes after the custom post pass (reinplacing, the decompositions of
+    auto_functionalized and of scatters) edit the same graph before Inductor lowers it."""
     from torch._inductor.custom_graph_pass import CustomGraphPass
 
-    missing: list[list[str]] = []
+    graphs: list[torch.fx.Graph] = []
 
     class Record(CustomGraphPass):
         def __call__(self, graph: torch.fx.Graph) -> None:
-            missing.append([f"{n.name} {target(n)}" for n in graph.nodes if n.op == "call_function"
-                            and "call_hierarchy" not in n.meta and "fwd_call_hierarchy" not in n.meta])
+            graphs.append(graph)
 
         def uuid(self) -> Any:
             return "record-post-grad-nodes-without-hierarchy"
@@ -723,7 +724,8 @@ def post_grad_nodes_without_hierarchy(model: nn.Module, args: tuple[Any, ...], d
         else:
             torch.compile(model.train(), dynamic=dynamic)(*args).sum().backward()
     torch._dynamo.reset()
-    return missing
+    return [[f"{n.name} {target(n)}" for n in graph.nodes if n.op == "call_function"
+             and "call_hierarchy" not in n.meta and "fwd_call_hierarchy" not in n.meta] for graph in graphs]
 
 
 def test_inductor_post_grad_nodes_of_a_dynamic_shape_training_step_all_carry_a_hierarchy() -> None:
@@ -770,6 +772,27 @@ def test_inductor_post_grad_nodes_of_a_frozen_inference_graph_all_carry_a_hierar
     missing = post_grad_nodes_without_hierarchy(Restrided(), (torch.randn(1, 3, 8, 8),), dynamic=False, frozen=True)
     assert len(missing) == 1 and missing == [[]], missing
 
+
+
+def test_inductor_post_grad_nodes_of_a_chunk_filled_buffer_all_carry_a_hierarchy() -> None:
+    # Inductor's last post-grad passes rewrite view scatters: a new buffer filled chunk by chunk becomes a slice
+    # and a copy_ per chunk, each other scatter (a slice's gradient) a _generalized_scatter, then ops again (0025).
+    torch.manual_seed(0)
+
+    class Chunked(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = nn.Linear(4, 4)
+            self.b = nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            out = torch.empty(x.shape[0], 8)
+            out[:, :4] = self.a(x)
+            out[:, 4:] = self.b(x)
+            return out[:, 1:] * 2
+
+    missing = post_grad_nodes_without_hierarchy(Chunked(), (torch.randn(2, 4),), dynamic=False)
+    assert len(missing) == 2 and missing == [[], []], missing
 
 # --------------------------------------------------------------------------- 5. persistence
 
