@@ -7,6 +7,7 @@ import io
 import csv
 import json
 import os
+import re
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -699,16 +700,65 @@ class _FlexAttention(torch.nn.Module):
 
 def test_flex_attention_template_kernel_is_attributed() -> None:
     """Inductor's CPU flex attention is a C++ template whose code records ``graph_N_kernel``: it is
-    matched all the same, to its sources' scopes.  (Flex attention's backward is not supported on CPU.)"""
+    matched all the same, to the attention's scope, not to that of the view of ``q`` it reads or of
+    the Linear before it, whose origins its buffer takes (patch 0019 leaves them out of a template
+    kernel's scope; a cold compile has the scopes a warm cache hit reads).  (Flex attention's
+    backward is not supported on CPU.)"""
     torch.manual_seed(0)
     result = profile_module(_FlexModel().eval(), torch.randn(8, 16))
     assert result.report.unattributed_events == 0, result.summary()
     assert result.report.share == 1.0, result.summary()
     template = [e for e in result.trace["traceEvents"] if str(e.get("name", "")).endswith("_kernel")
                 and "call_hierarchy" in e.get("args", {})]
-    # fused with the view of q before the attention: at the common scope, the attention among its sources
-    assert template and all(e["args"]["call_hierarchy"] == ["_FlexModel"] and ["_FlexModel", "attn (_FlexAttention)"]
-                            in e["args"]["call_hierarchy_sources"] for e in template), [e["args"] for e in template]
+    assert template and all(e["args"]["call_hierarchy"] == ["_FlexModel", "attn (_FlexAttention)"]
+                            and "call_hierarchy_sources" not in e["args"] for e in template), [e["args"] for e in template]
+
+
+class _GemmBlock(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(64, 64)
+        self.lin2 = torch.nn.Linear(64, 64)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin2(torch.relu(self.lin(x)))
+
+
+class _GemmBlocks(torch.nn.Module):
+    """Four Linears of one shape: frozen and max-autotuned, Inductor's C++ GEMM template computes each."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = _GemmBlock()
+        self.b = _GemmBlock()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(self.a(x))
+
+
+def test_gemm_template_kernels_have_their_linears_scope_cold_and_warm() -> None:
+    """A GEMM template's buffer takes the origins of the views it reads, which name every GEMM
+    before it in a chain: each template kernel still has the scope of its own Linear and epilogue
+    (patch 0019), from a cold compile as from a warm FX graph cache hit of its entries."""
+    from torch._inductor.cpu_vec_isa import valid_vec_isa_list
+    from torch._inductor.utils import fresh_cache
+
+    if not valid_vec_isa_list():
+        pytest.skip("the C++ GEMM template needs a vector ISA")
+    options = {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP"}
+    torch.manual_seed(0)
+    model = _GemmBlocks().eval()
+    scopes = []
+    with fresh_cache(), torch._inductor.config.patch(options):
+        for _ in range(2):  # cold, then warm
+            result = profile_module(model, torch.randn(32, 64))
+            assert result.report.share == 1.0, result.summary()
+            events = sorted((e for e in result.trace["traceEvents"]
+                             if re.fullmatch(r"graph_\d+_gemm_\w+_kernel", str(e.get("name", "")))),
+                            key=lambda e: e["ts"])
+            scopes.append([e["args"]["call_hierarchy"][1:] for e in events])
+    assert scopes[0] == scopes[1] == [["a (_GemmBlock)"], ["a (_GemmBlock)", "lin2 (Linear)"],
+                                      ["b (_GemmBlock)"], ["b (_GemmBlock)", "lin2 (Linear)"]], scopes
 
 
 class _Looping(torch.nn.Module):

@@ -626,11 +626,17 @@ def has_subgraph_functions(source: str) -> bool:
 
 
 def inductor_kernels(graph: CompiledGraph, gm: fx.GraphModule | None, provenance: dict[str, list[str]],
-                     source: str | None, cached: dict[str, Any] | None = None) -> None:
+                     source: str | None, cached: dict[str, Any] | None = None,
+                     recorded: dict[str, Any] | None = None) -> None:
     """Fill ``graph.kernels`` from Inductor's kernel -> post-grad node provenance, in call order;
     for a graph loaded from the FX graph cache, from the scopes its entry carries (``cached``).
     ``gm`` is ``None`` for a graph the AOTAutograd cache loaded (no post-grad graph): it then
-    has no subgraph function (see :func:`has_subgraph_functions`) and ``cached`` is given."""
+    has no subgraph function (see :func:`has_subgraph_functions`) and ``cached`` is given.
+    ``recorded``: for a graph compiled here, the scopes patch 0019 recorded for its kernels, which
+    its cache entry will carry: a kernel's scope is the one recorded for it, so that a warm hit
+    gives what the cold compile gave (provenance lists among a template kernel's origins the
+    GEMMs that computed its inputs, whose scopes 0019 leaves out); its name, and the scope of a
+    kernel with none recorded, come from provenance."""
     named = gm.named_modules() if gm is not None else ()
     modules = {name: m for name, m in named if isinstance(m, fx.GraphModule)}
     tables = {name: {n.name: n for n in m.graph.nodes} for name, m in modules.items()}
@@ -648,7 +654,12 @@ def inductor_kernels(graph: CompiledGraph, gm: fx.GraphModule | None, provenance
         # node whose op it runs.
         own = [n for n in found if wrapper_op_name(n.target) == kernel_name]
         ran = ran_op_key(own[0]) if len(own) == 1 else None
-        return _make_kernel(ran or kernel_name, own or found, graph.backward)
+        made = _make_kernel(ran or kernel_name, own or found, graph.backward)
+        info = recorded.get(key) if recorded is not None else None
+        if info is not None:
+            scoped = cached_kernel(key, info)
+            made.hierarchy, made.sources, made.recompute = scoped.hierarchy, scoped.sources, scoped.recompute
+        return made
 
     if source is None or not (bodies or branches):
         def handle(key: str) -> int:
@@ -1037,7 +1048,7 @@ class Capture:
             compiled = inner(gm, example_inputs, **kwargs)
             info = inductor_debug._inductor_triton_kernel_to_post_grad_node_info
             provenance = {k: list(v) for k, v in info.items() if k not in before}
-            cached = None
+            cached = recorded = None
             if counters["inductor"]["fxgraph_cache_hit"] > hits:  # from the FX graph cache: no codegen ran
                 found = cached_provenance(compiled)
                 if found is None:
@@ -1052,10 +1063,13 @@ class Capture:
                     provenance = {k: list(v) for k, v in info.items() if k not in before}
                 else:
                     provenance, cached = found
+            if cached is None:  # compiled here: the scopes its cache entry will carry
+                found = cached_provenance(compiled)
+                recorded = found[1] if found is not None else None
             kind = "backward" if kwargs.get("is_backward") else (
                 "inference" if kwargs.get("is_inference") else "forward")
             graph = self.new_graph(dynamo_graph, kind, "inductor")
-            inductor_kernels(graph, gm, provenance, getattr(compiled, "source_code", None), cached)
+            inductor_kernels(graph, gm, provenance, getattr(compiled, "source_code", None), cached, recorded)
             add_host_reads(graph)
             self._label_calls(compiled, graph)
             return compiled
