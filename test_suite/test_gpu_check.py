@@ -78,6 +78,8 @@ def test_report_counts_the_kernels_that_carry_a_scope(tmp_path: Path) -> None:
               x("triton_poi_fused_0", "cpu_op", 8, 9, call_hierarchy=scope),
               x("cuLaunchKernel", "cuda_driver", 10, 5, correlation=1),
               x("triton_poi_fused_0", "kernel", 20, 3, tid=7, correlation=1, call_hierarchy=scope),
+              x("cuLaunchKernel", "cuda_driver", 22, 2, correlation=4),
+              x("triton_tem_fused_addmm_0", "kernel", 25, 3, tid=7, correlation=4, call_hierarchy=scope),
               x("aten::mm", "cpu_op", 30, 20),
               x("cudaLaunchKernel", "cuda_runtime", 35, 5, correlation=2),
               x("sm90_xmma_gemm", "kernel", 60, 8, tid=7, correlation=2),
@@ -88,9 +90,10 @@ def test_report_counts_the_kernels_that_carry_a_scope(tmp_path: Path) -> None:
     path.write_text(json.dumps({"traceEvents": events}))
     report = profile_cuda.report(str(path))
     assert report["steps"] == 1 and report["graph_calls"] == 1
-    assert report["device_kernels"] == [3, 1]
-    assert report["graph_call_kernels"] == [2, 1]
-    assert report["triton_device"] == [1, 1] and report["triton_host"] == [1, 1]
+    assert report["device_kernels"] == [4, 2]
+    assert report["graph_call_kernels"] == [3, 2]
+    assert report["triton_device"] == [2, 2] and report["triton_host"] == [1, 1]
+    assert report["triton_templates"] == [1, 1] and report["template_scopes"] == [("lin", 1)]
     assert report["aten_ops_in_graph_calls"] == [1, 0]
     assert report["unannotated_in_calls"] == [("sm90_xmma_gemm", 1)]
-    assert report["sample"] == [("triton_poi_fused_0", "lin")]
+    assert report["sample"] == [("triton_poi_fused_0", "lin"), ("triton_tem_fused_addmm_0", "lin")]

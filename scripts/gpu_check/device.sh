@@ -35,3 +35,9 @@ for mode in default reduce-overhead; do for run in cold warm; do
   tar czf $OUT/$mode-$run.tgz -C /tmp/tr $mode-$run $mode-$run.log
   el "$mode $run"
 done; done
+# Triton GEMM templates, whose scopes 0019 narrows as C++ templates' (checked on CPU only): last, cold only
+mode=max-autotune-no-cudagraphs
+timeout 180 python3 .gpu/run/profile_cuda.py $mode /tmp/tr/$mode > /tmp/tr/$mode.log 2>&1
+echo "rc=$? $mode cold"; grep -E "^model|^\{|compile and|Error" /tmp/tr/$mode.log | cut -c1-1400
+tar czf $OUT/$mode.tgz -C /tmp/tr $mode $mode.log
+el "$mode cold"

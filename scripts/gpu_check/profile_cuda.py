@@ -1,7 +1,10 @@
 """Profile a tiny Llama-style training step on CUDA with inductor_trace_handler (RFC-0051 patch 0019) and
 report, per trace, which device kernels carry call_hierarchy.
 
-    python profile_cuda.py MODE OUTDIR      # MODE: default | reduce-overhead; writes OUTDIR/*.json traces
+    python profile_cuda.py MODE OUTDIR      # MODE: a torch.compile mode or default; writes OUTDIR/*.json traces
+
+``max-autotune-no-cudagraphs`` has Triton GEMM templates (``triton_tem_*``): ``template_scopes`` lists
+the scope of each, which should be its Linear's (or its epilogue's module), not an outer one.
     python profile_cuda.py --report DIR...  # the report only, for traces written earlier
 """
 from __future__ import annotations
@@ -29,6 +32,14 @@ def graph_call_kernels(events: list[dict]) -> list[dict]:
     return out
 
 
+def scope_path(event: dict) -> str:
+    """An annotated event's scope: the paths and names of its entries (module paths are absolute)."""
+    entries = event["args"]["call_hierarchy"]
+    modules = [d["path"] for d in entries if d.get("type") == "module"]
+    functions = [f"{d['name']}#{d['count']}" for d in entries if d.get("type") == "function"]
+    return " > ".join(modules[-1:] + functions) or "<root>"
+
+
 def report(path: str) -> dict:
     opener = gzip.open if path.endswith(".gz") else open
     with opener(path, "rt") as f:
@@ -38,6 +49,7 @@ def report(path: str) -> dict:
     in_calls = graph_call_kernels(events)
     has = lambda e: "call_hierarchy" in e.get("args", {})  # noqa: E731
     triton = [k for k in kernels if k["name"].startswith("triton_")]
+    templates = [k for k in kernels if k["name"].startswith("triton_tem_")]
     host_triton = [e for e in events if e.get("cat") == "cpu_op" and e["name"].startswith("triton_")]
     externs = [e for e in events if e.get("cat") == "cpu_op" and e["name"].startswith("aten::")
                and any(c["ts"] <= e["ts"] <= c["ts"] + c["dur"] and c["tid"] == e["tid"]
@@ -52,6 +64,8 @@ def report(path: str) -> dict:
         "triton_device": [len(triton), sum(map(has, triton))],
         "triton_host": [len(host_triton), sum(map(has, host_triton))],
         "aten_ops_in_graph_calls": [len(externs), sum(map(has, externs))],
+        "triton_templates": [len(templates), sum(map(has, templates))],
+        "template_scopes": sorted(Counter(scope_path(k) for k in templates if has(k)).items()),
         "unannotated_in_calls": Counter(k["name"][:60] for k in in_calls if not has(k)).most_common(8),
         "unannotated_device": Counter(k["name"][:60] for k in kernels if not has(k)).most_common(8),
         "sample": sorted({(k["name"][:40], " > ".join(f"{d.get('attr') or d.get('name')}" for d in k["args"]["call_hierarchy"]))
