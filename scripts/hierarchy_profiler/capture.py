@@ -13,6 +13,9 @@ the ordered list of kernels it calls and, per kernel, its scope:
   handles in call order).  The post-grad nodes carry ``call_hierarchy`` (and, in a backward
   graph, ``fwd_call_hierarchy``: the forward op the gradient belongs to).  A kernel fused
   from several nodes gets their lowest common scope, and keeps the distinct source scopes.
+  Where patch 0019 recorded a kernel's scope (``CompiledFxGraph._kernel_call_hierarchies``,
+  what a cache hit of the graph reads), that scope is taken: it leaves out of a GEMM
+  template's the nodes that computed its inputs, which provenance lists among its origins.
 * aot_eager: every ``call_function`` node with an ATen target of the ATen graph, in order.
 
 Three ``record_function`` ranges (visible only while the profiler runs) link profiler events
