@@ -2069,9 +2069,10 @@ def test_a_cache_entry_of_another_program_is_not_read() -> None:
     assert cached_provenance(compiled) is None  # no compile: no program to compare with
     context = torch._guards.TracingContext(None)
     with torch._guards.tracing(context):
-        inductor_debug._program_call_hierarchies[context] = "written"
+        program = inductor_debug._ProgramCallHierarchies  # its digest, structure and hierarchies
+        inductor_debug._program_call_hierarchies[context] = program("written", "", [])
         assert cached_provenance(compiled) == ({}, kernels)
-        inductor_debug._program_call_hierarchies[context] = "another program"
+        inductor_debug._program_call_hierarchies[context] = program("another program", "", [])
         assert cached_provenance(compiled) is None
 
 
