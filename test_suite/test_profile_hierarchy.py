@@ -1958,6 +1958,70 @@ def test_nproc_trains_with_ddp_and_attributes_every_rank(tmp_path: Path) -> None
                                                      "scopes.csv"]
 
 
+_DDP_BUCKETS_OF_ONE_GRAPH = """
+import json, sys, torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel
+sys.path.insert(0, sys.argv[1])
+from scripts.hierarchy_profiler import CallHierarchyProfiler
+
+class Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(256)
+        self.lin1 = torch.nn.Linear(256, 512)
+        self.lin2 = torch.nn.Linear(512, 256)
+
+    def forward(self, x):
+        return x + self.lin2(F.gelu(self.lin1(self.norm(x))))
+
+class Blocks(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(Block() for _ in range(3))
+        self.head = torch.nn.Linear(256, 4)
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x)
+
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+ddp = DistributedDataParallel(Blocks(), bucket_cap_mb=1)  # about a block a bucket
+x = torch.randn(4, 256)
+hp = CallHierarchyProfiler(ddp)
+with hp:
+    compiled = torch.compile(ddp)
+    compiled(x).sum().backward()
+    with hp.profile() as prof:
+        compiled(x).sum().backward()
+        prof.step()
+from torch._dynamo.utils import counters
+df = hp.result.to_dataframe()
+print(json.dumps({"hits": counters["inductor"]["fxgraph_cache_hit"],
+                  "fwd_ms": {row.scope[row.scope.index("layers."):]: row.fwd_ms for row in df.itertuples()
+                             if "layers." in row.scope}}))
+dist.destroy_process_group()
+"""
+
+
+def test_ddp_buckets_of_one_graph_attribute_each_block_its_kernels(tmp_path: Path) -> None:
+    """DDPOptimizer compiles the buckets of one Dynamo graph in one tracing context; two of these
+    blocks' buckets are the same graph, and one hits the FX-graph cache entry the other wrote in a
+    cold process. Each block's Linears still have their own forward kernels (until patch 0019 gave
+    each bucket its own digest, the second took the writer's scopes: layers.1's went to layers.0)."""
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-c", _DDP_BUCKETS_OF_ONE_GRAPH, str(REPO)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["hits"] >= 1, result
+    for block in ("layers.0 (Block)", "layers.1 (Block)", "layers.2 (Block)"):
+        for linear in ("lin1 (Linear)", "lin2 (Linear)"):
+            assert result["fwd_ms"].get(f"{block} > {linear}", 0) > 0, (block, linear, result)
+
+
 def test_fsdp_places_each_block_s_kernels_under_the_block_that_ran_them(tmp_path: Path) -> None:
     """``--nproc 2 --fsdp``: each block sharded with FSDP2 and compiled on its own; each kernel call is placed under the block that ran it, every rank attributes
     100%, and the all-gathers and reduce-scatters are communication rows."""
