@@ -2134,9 +2134,10 @@ def test_a_cache_entry_of_another_program_is_not_read() -> None:
     context = torch._guards.TracingContext(None)
     with torch._guards.tracing(context):
         program = inductor_debug._ProgramCallHierarchies  # its digest, structure and hierarchies
-        inductor_debug._program_call_hierarchies[context] = program("written", "", [])
+        bucket = inductor_debug._ddp_bucket(context)  # -1: no DDPOptimizer bucket
+        inductor_debug._program_call_hierarchies[context] = {bucket: program("written", "", [])}
         assert cached_provenance(compiled) == ({}, kernels)
-        inductor_debug._program_call_hierarchies[context] = program("another program", "", [])
+        inductor_debug._program_call_hierarchies[context] = {bucket: program("another program", "", [])}
         assert cached_provenance(compiled) is None
 
 
