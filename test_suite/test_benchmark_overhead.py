@@ -358,3 +358,23 @@ def test_family_workloads_build_and_run_a_training_step() -> None:
         loss = B._loss(model(*args, **kwargs))
         loss.backward()
         assert loss.dim() == 0 and any(p.grad is not None for p in model.parameters()), name
+
+
+def test_memory_counts_what_the_series_keeps_while_the_model_lives(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The module entries kept per compiled root module live as long as the model (RFC.md, "Memos"): the
+    # model must outlive the measured graphs, so that the memo is still there to be freed with them.
+    import torch._dynamo.call_hierarchy as hierarchy
+
+    memos_at_release: list[int] = []
+    forget = B.forget_root_module_entries
+
+    def forget_and_note() -> None:
+        memos_at_release.append(sum(len(entries) for entries in hierarchy._ROOT_ENTRIES.values()))
+        forget()
+
+    monkeypatch.setattr(B, "forget_root_module_entries", forget_and_note)
+    out = B.worker_memory({"quick": True, "workloads": ["nested_modules_d1"]})
+    rows = out["nested_modules_d1"]["retained"]
+    assert len(rows["disabled"]) == len(rows["enabled"]) == 1
+    # Called before each compile (nothing kept yet) and after it, once its graphs are dropped.
+    assert memos_at_release == [0, 0, 0, memos_at_release[3]] and memos_at_release[3] > 0, memos_at_release
