@@ -3,7 +3,8 @@
 Needs the patched torch (``.venv``). The benchmark's families (Llama, Qwen2/3, Gemma, Qwen3-MoE, BERT, ViT,
 GPT-2) and the export families (``test_export_hierarchy.py``) are covered elsewhere; these are others whose
 code takes other paths through Dynamo and AOTAutograd: sliding-window and soft-capped attention (Mistral,
-Gemma2), partial rotary embeddings (Phi3, GPT-NeoX), learned positions (OPT, CLIP), convolutions and
+Gemma2), partial rotary embeddings (Phi3, GPT-NeoX), learned positions (OPT, CLIP), an encoder-decoder with cross-attention and a relative position bias
+computed once and passed down each stack (T5), convolutions and
 normalization layers (ConvNeXt, ResNet), a selective scan with ``associative_scan`` (Mamba). Each family is
 compiled as a training step, shapes dynamic after a recompile for a second input shape (the way a user's
 second batch arrives), through AOTAutograd (``aot_eager``'s graphs, kept), with the flag off and on:
@@ -38,6 +39,11 @@ def _ids(length: int) -> dict[str, torch.Tensor]:
     return {"input_ids": torch.randint(0, VOCAB, (2, length))}
 
 
+def _seq2seq_ids(length: int) -> dict[str, torch.Tensor]:
+    return {"input_ids": torch.randint(0, VOCAB, (2, length)),
+            "decoder_input_ids": torch.randint(0, VOCAB, (2, length // 2 + 1))}
+
+
 def _images(batch: int) -> dict[str, torch.Tensor]:
     return {"pixel_values": torch.randn(batch, 3, 32, 32)}
 
@@ -65,6 +71,9 @@ FAMILIES: dict[str, Callable[[], tuple[Any, Callable[[int], dict[str, torch.Tens
     "clip_text": lambda: _decoder(transformers.CLIPTextModel, transformers.CLIPTextConfig(
         vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
         max_position_embeddings=64)),
+    "t5": lambda: (transformers.T5ForConditionalGeneration(transformers.T5Config(
+        vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, decoder_start_token_id=0)),
+        _seq2seq_ids),
     "mamba": lambda: _decoder(transformers.MambaForCausalLM, transformers.MambaConfig(
         vocab_size=VOCAB, hidden_size=32, state_size=4, num_hidden_layers=2, expand=2, conv_kernel=4)),
     "convnext": lambda: (transformers.ConvNextForImageClassification(transformers.ConvNextConfig(
@@ -74,7 +83,7 @@ FAMILIES: dict[str, Callable[[], tuple[Any, Callable[[int], dict[str, torch.Tens
 }
 
 # The two inputs of each step: the second shape makes Dynamo recompile with dynamic sizes.
-SHAPES = {"_ids": (8, 12), "_images": (2, 3)}
+SHAPES = {"_ids": (8, 12), "_seq2seq_ids": (8, 12), "_images": (2, 3)}
 
 
 def loss_of(output: Any) -> torch.Tensor:
